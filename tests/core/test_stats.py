@@ -1,0 +1,348 @@
+"""Statistics: CI coverage and determinism, exact reference values, and the claim-check decision rule."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from lmlab.core.stats import (
+    Comparison,
+    Estimate,
+    bootstrap_ci,
+    compare,
+    default_min_n,
+    kendall,
+    mcnemar,
+    mean_ci,
+    paired_bootstrap_diff,
+    permutation_test_paired,
+    permutation_test_unpaired,
+    proportion_ci,
+    spearman,
+    wilson_interval,
+)
+
+Z95 = 1.959963984540054
+
+# ----------------------------------------------------------------------------------------------------------------
+# bootstrap
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_bootstrap_coverage_and_unbiasedness_on_normal_data():
+    rng = np.random.default_rng(123)
+    true_mean, repeats, n = 1.5, 200, 40
+    covered, points = 0, []
+    for i in range(repeats):
+        x = rng.normal(true_mean, 2.0, size=n)
+        point, lo, hi = bootstrap_ci(x, n_resamples=1000, seed=i)
+        assert lo <= point <= hi
+        covered += lo <= true_mean <= hi
+        points.append(point)
+    coverage = covered / repeats
+    assert 0.90 <= coverage <= 0.99, coverage
+    # mean estimate is unbiased: the average of 200 estimates is within 4 standard errors of the truth
+    se = 2.0 / math.sqrt(n) / math.sqrt(repeats)
+    assert abs(np.mean(points) - true_mean) < 4 * se
+
+
+def test_bootstrap_is_deterministic_under_seed():
+    x = np.random.default_rng(0).exponential(size=50)
+    assert bootstrap_ci(x, seed=7) == bootstrap_ci(x, seed=7)
+    assert bootstrap_ci(list(x), seed=7) == bootstrap_ci(x, seed=7)
+    assert bootstrap_ci(x, seed=7) != bootstrap_ci(x, seed=8)
+
+
+def test_bootstrap_degenerate_cases():
+    assert bootstrap_ci([3.0]) == (3.0, 3.0, 3.0)
+    point, lo, hi = bootstrap_ci([0.1] * 7)
+    assert lo == hi == point
+    assert bootstrap_ci([1, 1, 1, 1]) == (1.0, 1.0, 1.0)
+
+
+def test_bootstrap_rejects_nan_and_empty():
+    with pytest.raises(ValueError, match="non-finite"):
+        bootstrap_ci([1.0, float("nan"), 2.0])
+    with pytest.raises(ValueError, match="non-finite"):
+        bootstrap_ci([1.0, float("inf")])
+    with pytest.raises(ValueError, match="empty"):
+        bootstrap_ci([])
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_ci([1.0, 2.0], confidence=1.0)
+
+
+def test_bootstrap_custom_stat_with_and_without_axis():
+    x = np.random.default_rng(1).normal(size=31)
+    vec = bootstrap_ci(x, stat=np.median, seed=3)
+    loop = bootstrap_ci(x, stat=lambda v: float(np.median(v)), seed=3)
+    assert vec[0] == pytest.approx(np.median(x))
+    assert vec == pytest.approx(loop)  # same resamples, same statistic: same interval
+    assert vec[1] < vec[0] < vec[2]
+
+
+def test_bootstrap_confidence_widens_interval():
+    x = np.random.default_rng(2).normal(size=60)
+    _, lo90, hi90 = bootstrap_ci(x, confidence=0.90)
+    _, lo99, hi99 = bootstrap_ci(x, confidence=0.99)
+    assert lo99 < lo90 and hi99 > hi90
+
+
+def test_paired_bootstrap_diff():
+    rng = np.random.default_rng(4)
+    b = rng.normal(size=80)
+    a = b + 0.5 + rng.normal(0, 0.1, size=80)
+    point, lo, hi = paired_bootstrap_diff(a, b)
+    assert point == pytest.approx(np.mean(a - b))
+    assert lo < 0.5 < hi
+    assert hi - lo < 0.1  # pairing removes the large per-example variance shared by a and b
+    with pytest.raises(ValueError, match=r"len\(a\)=3, len\(b\)=2"):
+        paired_bootstrap_diff([1, 2, 3], [1, 2])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# permutation tests
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_permutation_paired_exact_small_case():
+    # d = [1, 2, 3]: 8 sign patterns, sums: 6 once, 4, 2, 0, 0, -2, -4, -6 -> P(sum >= 6) = 1/8
+    a, b = [1.0, 2.0, 3.0], [0.0, 0.0, 0.0]
+    assert permutation_test_paired(a, b, alternative="greater") == pytest.approx(1 / 8)
+    assert permutation_test_paired(a, b, alternative="two-sided") == pytest.approx(2 / 8)
+    assert permutation_test_paired(a, b, alternative="less") == pytest.approx(1.0)
+    assert permutation_test_paired([1, 2], [1, 2]) == 1.0  # no difference at all
+
+
+def test_permutation_paired_null_is_roughly_uniform():
+    rng = np.random.default_rng(5)
+    ps_mc, ps_exact = [], []
+    for i in range(150):
+        a, b = rng.normal(size=30), rng.normal(size=30)
+        ps_mc.append(permutation_test_paired(a, b, n_permutations=400, seed=i))
+        ps_exact.append(permutation_test_paired(a[:10], b[:10]))
+    for ps in (ps_mc, ps_exact):
+        ps = np.asarray(ps)
+        assert 0.4 < ps.mean() < 0.6, ps.mean()
+        assert np.mean(ps <= 0.05) < 0.12
+
+
+def test_permutation_paired_strong_effect_and_direction():
+    rng = np.random.default_rng(6)
+    b = rng.normal(size=40)
+    a = b + 1.0 + rng.normal(0, 0.3, size=40)
+    assert permutation_test_paired(a, b, n_permutations=2000) < 0.001
+    assert permutation_test_paired(a, b, n_permutations=2000, alternative="greater") < 0.001
+    assert permutation_test_paired(a, b, n_permutations=2000, alternative="less") > 0.99
+    # determinism of the Monte Carlo branch
+    assert permutation_test_paired(a, b, n_permutations=500, seed=3) == permutation_test_paired(
+        a, b, n_permutations=500, seed=3
+    )
+
+
+def test_permutation_unpaired():
+    assert permutation_test_unpaired([3.0, 4.0], [1.0, 2.0], alternative="greater") == pytest.approx(1 / 6)
+    rng = np.random.default_rng(7)
+    a, b = rng.normal(1.0, 1.0, size=40), rng.normal(0.0, 1.0, size=50)
+    assert permutation_test_unpaired(a, b, n_permutations=2000, alternative="greater") < 0.01
+    null = [permutation_test_unpaired(rng.normal(size=12), rng.normal(size=12), 300, seed=i) for i in range(80)]
+    assert 0.35 < np.mean(null) < 0.65
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Wilson, McNemar, correlations
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_wilson_known_values():
+    z2 = Z95**2
+    lo, hi = wilson_interval(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(z2 / (10 + z2))
+    lo, hi = wilson_interval(10, 10)
+    assert hi == 1.0 and lo == pytest.approx(10 / (10 + z2))
+    lo, hi = wilson_interval(5, 10)
+    half = Z95 * math.sqrt(0.25 / 10 + z2 / 400) / (1 + z2 / 10)
+    assert lo == pytest.approx(0.5 - half) and hi == pytest.approx(0.5 + half)
+    assert (lo, hi) == pytest.approx((0.2366, 0.7634), abs=1e-4)  # the textbook value
+    with pytest.raises(ValueError):
+        wilson_interval(0, 0)
+    with pytest.raises(ValueError):
+        wilson_interval(11, 10)
+
+
+def test_proportion_ci_estimate():
+    est = proportion_ci(5, 10)
+    assert isinstance(est, Estimate)
+    assert est.value == 0.5 and est.n == 10
+    assert (est.ci_low, est.ci_high) == wilson_interval(5, 10)
+
+
+def test_mcnemar_exact_hand_computed():
+    # n01 (A right, B wrong) = 1, n10 (A wrong, B right) = 6, 3 concordant pairs.
+    a = [1, 0, 0, 0, 0, 0, 0, 1, 1, 0]
+    b = [0, 1, 1, 1, 1, 1, 1, 1, 1, 0]
+    stat, p = mcnemar(a, b)
+    # 2 * P(X <= 1), X ~ Bin(7, 1/2) = 2 * (1 + 7) / 128
+    assert stat == 1.0 and p == pytest.approx(16 / 128)
+    assert mcnemar([True, False], [True, False]) == (0.0, 1.0)
+
+
+def test_mcnemar_chi_square_branch():
+    a = [1] * 30 + [0] * 10
+    b = [0] * 30 + [1] * 10
+    stat, p = mcnemar(a, b)
+    assert stat == pytest.approx((20 - 1) ** 2 / 40)
+    assert p == pytest.approx(math.erfc(math.sqrt(stat / 2)))  # chi2(1) survival in closed form
+    with pytest.raises(ValueError):
+        mcnemar([0, 2], [1, 1])
+
+
+def test_correlations_match_scipy():
+    x = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    y = [2.0, 1.0, 4.0, 3.0, 6.0, 5.0]
+    rho, p = spearman(x, y)
+    ref = sps.spearmanr(x, y)
+    assert rho == pytest.approx(ref.statistic) and p == pytest.approx(ref.pvalue)
+    assert rho == pytest.approx(1 - 6 * 6 / (6 * 35))  # 1 - 6 * sum d^2 / (n (n^2 - 1)), sum d^2 = 6
+    tau, p = kendall(x, y)
+    ref = sps.kendalltau(x, y)
+    assert tau == pytest.approx(ref.statistic) and p == pytest.approx(ref.pvalue)
+    assert tau == pytest.approx((12 - 3) / 15)  # 12 concordant, 3 discordant pairs
+    assert all(math.isnan(v) for v in spearman([1, 1, 1], [1, 2, 3]))
+    with pytest.raises(ValueError, match=r"len\(x\)=2, len\(y\)=3"):
+        kendall([1, 2], [1, 2, 3])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# mean_ci
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_mean_ci_methods():
+    x = np.random.default_rng(8).normal(10, 2, size=50)
+    t = mean_ci(x, method="t")
+    half = sps.t.ppf(0.975, 49) * x.std(ddof=1) / math.sqrt(50)
+    assert t.value == pytest.approx(x.mean())
+    assert (t.ci_low, t.ci_high) == pytest.approx((x.mean() - half, x.mean() + half))
+    boot = mean_ci(x)
+    assert boot.n == 50 and boot.ci_low < boot.value < boot.ci_high
+    assert boot.ci_high - boot.ci_low == pytest.approx(2 * half, rel=0.25)
+    assert json.loads(json.dumps(boot.to_dict())) == {
+        "value": boot.value,
+        "ci_low": boot.ci_low,
+        "ci_high": boot.ci_high,
+        "n": 50,
+    }
+    assert mean_ci([2.0], method="t") == Estimate(2.0, 2.0, 2.0, 1)
+    with pytest.raises(ValueError):
+        mean_ci(x, method="bogus")  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# compare: the claim-check engine
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _paired_data(effect: float, n: int, seed: int, noise: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    b = rng.normal(0.0, 1.0, size=n)
+    return b + effect + rng.normal(0.0, noise, size=n), b
+
+
+def test_compare_clear_positive_is_supported():
+    a, b = _paired_data(1.0, 60, seed=10)
+    res = compare(a, b)
+    assert isinstance(res, Comparison)
+    assert res.status == "supported"
+    assert res.effect == pytest.approx(np.mean(a) - np.mean(b))
+    assert res.ci_low > 0 and res.p_value < 0.001 and res.n == 60
+
+
+def test_compare_clear_negative_is_not_supported():
+    a, b = _paired_data(-1.0, 60, seed=11)
+    res = compare(a, b, direction=">")
+    assert res.status == "not_supported"
+    assert res.ci_high < 0 and res.p_value > 0.99
+
+
+def test_compare_zero_effect_small_n_is_inconclusive():
+    for seed in range(5):
+        a, b = _paired_data(0.0, 12, seed=seed)
+        assert compare(a, b).status == "inconclusive"
+        assert compare(a, b, direction="<").status == "inconclusive"
+
+
+def test_compare_direction_less_is_mirrored():
+    a, b = _paired_data(-1.0, 60, seed=12)
+    assert compare(a, b, direction="<").status == "supported"
+    assert compare(b, a, direction="<").status == "not_supported"
+    for seed in range(6):
+        for effect in (-0.4, -0.1, 0.0, 0.2, 0.6):
+            a, b = _paired_data(effect, 25, seed=seed)
+            for m in (0.0, 0.2):
+                lt, gt = compare(a, b, direction="<", min_effect=m), compare(b, a, direction=">", min_effect=m)
+                assert lt.status == gt.status
+                assert lt.p_value == pytest.approx(gt.p_value)
+                assert (lt.ci_low, lt.ci_high) == pytest.approx((-gt.ci_high, -gt.ci_low))
+                assert lt.threshold == -m and gt.threshold == m
+
+
+def test_compare_min_effect_is_respected():
+    a, b = _paired_data(0.3, 400, seed=13, noise=0.2)  # effect ~0.3, CI roughly +-0.02
+    assert compare(a, b, min_effect=0.1).status == "supported"
+    assert compare(a, b, min_effect=0.5).status == "not_supported"  # precisely below the margin that matters
+    assert compare(a, b, min_effect=0.3).status == "inconclusive"  # CI straddles the margin
+    assert compare(a, b, direction="<", min_effect=0.1).status == "not_supported"
+    # non-inferiority: a slightly worse system is "not worse by more than 0.1"
+    c, d = _paired_data(-0.02, 400, seed=14, noise=0.2)
+    assert compare(c, d, min_effect=-0.1).status == "supported"
+    assert compare(c, d, min_effect=0.0).status in ("inconclusive", "not_supported")
+
+
+def test_compare_boundary_rules():
+    # identical 0/1 outcomes on every example: the CI is exactly [0, 0], which is not beyond a 0 threshold
+    same = [1, 0, 1, 1, 0, 1, 0, 1, 1, 1]
+    res = compare(same, same)
+    assert (res.ci_low, res.ci_high) == (0.0, 0.0) and res.status == "not_supported"
+    assert compare(same, same, direction="<").status == "not_supported"
+    # a constant win of 1 on every example: supported, CI [1, 1]
+    wins = compare([1] * 10, [0] * 10)
+    assert wins.status == "supported" and (wins.ci_low, wins.ci_high) == (1.0, 1.0)
+
+
+def test_compare_refuses_to_decide_on_too_few_examples():
+    assert default_min_n(0.95) == 6 and default_min_n(0.99) == 8 and default_min_n(0.90) == 5
+    res = compare([1, 1, 1], [0, 0, 0])  # a zero-width CI [1, 1] from three examples
+    assert res.status == "inconclusive" and "min_n" in res.reason
+    assert compare([1, 1, 1], [0, 0, 0], min_n=1).status == "supported"
+    assert compare([1] * 6, [0] * 6).status == "supported"
+
+
+def test_compare_unpaired():
+    rng = np.random.default_rng(15)
+    a, b = rng.normal(1.0, 1.0, size=50), rng.normal(0.0, 1.0, size=70)
+    res = compare(a, b, paired=False)
+    assert res.status == "supported" and res.n == 120 and (res.n_a, res.n_b) == (50, 70)
+    assert res.effect == pytest.approx(a.mean() - b.mean())
+    assert compare(b, a, paired=False).status == "not_supported"
+    assert compare(b, a, paired=False, direction="<").status == "supported"
+    z1, z2 = rng.normal(size=10), rng.normal(size=10)
+    assert compare(z1, z2, paired=False).status == "inconclusive"
+    with pytest.raises(ValueError, match=r"len\(a\)=50, len\(b\)=70"):
+        compare(a, b, paired=True)
+
+
+def test_compare_is_deterministic_and_json_able():
+    a, b = _paired_data(0.2, 40, seed=16)
+    first, second = compare(a, b, seed=3), compare(a, b, seed=3)
+    assert first == second
+    assert compare(a, b, seed=4).ci_low != first.ci_low
+    d = json.loads(json.dumps(first.to_dict()))
+    assert d["status"] == first.status and d["n"] == 40 and d["direction"] == ">"
+    with pytest.raises(ValueError):
+        compare(a, b, direction="!=")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="non-finite"):
+        compare([1.0, float("nan")], [0.0, 0.0])

@@ -1,0 +1,117 @@
+"""The command line: --help everywhere, machine-readable listing, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lmlab.cli import build_parser, main
+from lmlab.registry import list_methods
+
+SUBCOMMANDS = [["list"], ["info"], ["run"], ["reproduce"], ["models"], ["data"], ["data", "list"], ["data", "show"],
+               ["env"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", [[], *SUBCOMMANDS], ids=lambda a: " ".join(a) or "lmlab")
+def test_help_exits_zero(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([*argv, "--help"])
+    assert e.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_console_script_and_module_entry_point():
+    out = subprocess.run([sys.executable, "-m", "lmlab", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "reproduce" in out.stdout
+
+
+def test_list_json_parses(capsys):
+    assert main(["list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["id"] for r in rows} == {s.id for s in list_methods()}
+    assert all({"id", "area", "name", "paper", "default_model", "quick_budget_s", "available"} <= set(r) for r in rows)
+
+
+@pytest.mark.parametrize("method_id", [s.id for s in list_methods()])
+def test_info_for_every_method(method_id, capsys):
+    assert main(["info", method_id]) == 0
+    out = capsys.readouterr().out
+    assert method_id in out and "claim:" in out and "paper" in out
+    assert main(["info", method_id, "--bibtex"]) == 0
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("lmlab: error: ")
+    return err[0]
+
+
+def test_unknown_method_id(capsys):
+    assert main(["run", "reflection_windw"]) == 2
+    assert "unknown method 'reflection_windw'" in _one_line_error(capsys)
+
+
+def test_missing_model_file(capsys, tmp_path):
+    missing = tmp_path / "nothing.gguf"
+    assert (
+        main(["run", "reflection_window", "--preset", "smoke", "--model", str(missing), "--out", str(tmp_path)]) == 2
+    )
+    assert "does not exist" in _one_line_error(capsys)
+    assert not any(tmp_path.iterdir())  # nothing was written
+
+
+def test_unknown_model_alias(capsys, tmp_path):
+    assert main(["run", "reflection_window", "--model", "gpt-17", "--out", str(tmp_path)]) == 2
+    line = _one_line_error(capsys)
+    assert "unknown model 'gpt-17'" in line and "smollm2-135m" in line
+
+
+def test_out_of_range_value(capsys, tmp_path):
+    argv = ["run", "reflection_window", "--model", "tiny-llama", "--set", "sigma=-1", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    assert "sigma must be in" in _one_line_error(capsys)
+
+
+def test_unknown_suite(capsys):
+    assert main(["data", "show", "nosuchsuite"]) == 2
+    assert "unknown data suite 'nosuchsuite'" in _one_line_error(capsys)
+
+
+def test_dry_run_prints_the_resolved_config(capsys):
+    assert main(["run", "reflection_window", "--quick", "--set", "sigma=0.9", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "sigma: 0.9" in out and "n_capitals: 6" in out
+
+
+def test_data_list_and_show(capsys):
+    assert main(["data", "list"]) == 0
+    assert "countries" in capsys.readouterr().out
+    assert main(["data", "show", "countries", "--n", "2", "--seed", "0"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all(json.loads(line)["prompt"] for line in lines)
+
+
+def test_models_and_env(capsys):
+    assert main(["models", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {"smollm2-135m", "gemma3-270m", "minilm", "tiny-llama"} <= {r["alias"] for r in rows}
+    assert main(["env"]) == 0
+    assert "python" in capsys.readouterr().out
+
+
+def test_run_writes_a_result_folder(tmp_path, capsys):
+    env = {**os.environ, "LMLAB_NO_PROGRESS": "1"}
+    cmd = [sys.executable, "-m", "lmlab", "run", "reflection_window", "--preset", "smoke", "--model", "tiny-llama",
+           "--out", str(tmp_path), "--threads", "1"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    folders = list((tmp_path / "reflection_window").iterdir())
+    assert len(folders) == 1
+    names = {p.name for p in folders[0].iterdir()}
+    assert {"result.json", "metrics.csv", "samples.jsonl", "config.yaml", "report.md", "report.html"} <= names
+    assert "verdict:" in out.stdout
