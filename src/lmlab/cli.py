@@ -5,7 +5,7 @@
     lmlab run ID [--model M] [--preset smoke|quick|default] [--quick] [--config cfg.yaml] [--set k=v ...]
                  [--seed 0 | --seeds 0 1 2] [--device D] [--dtype T] [--threads N] [--limit N] [--batch-size N]
                  [--out DIR] [--no-plots] [--no-progress] [--dry-run] [-v|-q]
-    lmlab reproduce [ID ... | --area AREA | --all] [--quick] [--preset P] [--strict] [--resume] [--out DIR]
+    lmlab reproduce [ID ... | --only ID ... | --area AREA | --all] [--quick] [--strict] [--resume] [--out DIR]
     lmlab models [--check] [--json]
     lmlab data list | lmlab data show SUITE [--n 5] [--seed 0] [--split test]
     lmlab env
@@ -178,6 +178,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from lmlab.runner import quiet_transformers, reproduce
 
     preset = "quick" if args.quick else args.preset
+    args.ids = list(args.ids) + list(args.only)
     if args.all and (args.ids or args.area):
         raise UsageError("--all cannot be combined with method ids or --area")
     overrides = _run_overrides(args)
@@ -319,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run, preset="default")
 
     p = sub.add_parser("reproduce", help="run many methods and write one report")
-    p.add_argument("ids", nargs="*")
+    p.add_argument("ids", nargs="*", help="method ids (default: every paper method)")
+    p.add_argument("--only", nargs="+", default=[], metavar="ID", help="same as giving the ids")
     p.add_argument("--area", choices=AREAS)
     p.add_argument("--all", action="store_true", help="every paper method (the default when no ids are given)")
     add_common(p)
@@ -376,6 +378,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return int(args.func(args))
+    except BrokenPipeError:  # `lmlab info x | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except (UsageError, UnknownMethodError, ModelNotFoundError, ValueError, KeyError) as e:
         print(f"lmlab: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
