@@ -31,6 +31,7 @@ VARIANTS: dict[str, list[dict]] = {
     "humaneval": [{}],
     "corpus": [{}, {"kind": "all", "min_chars": 100, "max_chars": 400}],
     "instructions": [{}],
+    "capital_steps": [{}, {"n_countries": 2}],
 }
 N = 8
 BAD_KWARGS: dict[str, dict] = {
@@ -43,9 +44,19 @@ BAD_KWARGS: dict[str, dict] = {
     "humaneval": {"language": "go"},
     "corpus": {"kind": "code"},
     "instructions": {"style": "chat"},
+    "capital_steps": {"n_countries": 0},
 }
 # Suites whose default pool is enumerated (n=None gives the whole split); the others need an int n.
-FINITE = {"countries", "humaneval", "instructions", "corpus", "greater_than", "strings", "permutations"}
+FINITE = {
+    "countries",
+    "humaneval",
+    "instructions",
+    "corpus",
+    "greater_than",
+    "strings",
+    "permutations",
+    "capital_steps",
+}
 
 
 def _good(name: str, ex: Example) -> str:
@@ -61,6 +72,8 @@ def _bad(name: str, ex: Example) -> str:
         return "   "
     if name == "countries":
         return {"iso2": "zz", "iso3": "ZZZ"}.get(ex.meta["task"], "I do not know.")
+    if name == "capital_steps":
+        return "I do not know."
     if name == "arithmetic":
         return str(int(ex.target) + 1)
     if name == "permutations":

@@ -20,6 +20,7 @@ SPLITS: tuple[str, ...] = ("train", "dev", "test")
 # Lazy index, like the method registry: suite name -> module that registers it.
 SUITE_INDEX: Mapping[str, str] = {
     "countries": "lmlab.data.countries",
+    "capital_steps": "lmlab.data.capital_steps",
     "arithmetic": "lmlab.data.arithmetic",
     "permutations": "lmlab.data.permutations",
     "ioi": "lmlab.data.ioi",

@@ -1,0 +1,71 @@
+"""PRMs for the capital-listing task: oracle exactness, deterministic noise, the MiniLM probe."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lmlab import data
+from lmlab.core.prm import PRM, NoisyOraclePRM, OracleFactPRM, ProbePRM, fact_training_steps, parse_fact_step
+
+
+@pytest.fixture(scope="module")
+def question():
+    return data.load("capital_steps", 1, seed=0)[0]
+
+
+def test_parse_fact_step():
+    assert parse_fact_step("Peru: Lima") == ("Peru", "Lima")
+    assert parse_fact_step("1. Peru: Lima.") == ("Peru", "Lima")
+    assert parse_fact_step("The capital of Peru is Lima.") == ("Peru", "Lima")
+    assert parse_fact_step("no fact here") is None
+
+
+def test_oracle_scores_gold_and_wrong_steps(question):
+    prm = OracleFactPRM()
+    gold = question.target.splitlines()
+    assert prm.score(question.prompt, gold) == [1.0] * len(gold)
+    wrong = [f"{s['country']}: Paris" for s in question.meta["steps"]]
+    assert prm.score(question.prompt, wrong) == [0.0] * len(wrong)
+    assert prm.score("", ["peru: LIMA", "Colombia: Bogotá", "Colombia: Bogota", "gibberish"]) == [1, 1, 1, 0]
+    assert prm.calls == 3 and isinstance(prm, PRM)
+
+
+def test_noisy_oracle_is_deterministic_and_flips_about_eps():
+    steps, labels = fact_training_steps(0, "train")
+    prm = NoisyOraclePRM(eps=0.2, sigma=0.0, seed=1)
+    a = prm.score("q", steps)
+    assert a == prm.score("q", steps)  # a PRM is a function of its input
+    flips = np.mean([round(v) != lab for v, lab in zip(a, labels)])
+    assert 0.12 < flips < 0.28
+    assert NoisyOraclePRM(eps=0.0, sigma=0.0).score("q", steps) == [float(v) for v in labels]
+    noisy = NoisyOraclePRM(eps=0.0, sigma=0.3).score("q", steps)
+    assert all(0.0 <= v <= 1.0 for v in noisy) and noisy != [float(v) for v in labels]
+    with pytest.raises(ValueError, match="eps"):
+        NoisyOraclePRM(eps=1.5)
+
+
+def test_capital_steps_grader(question):
+    from lmlab.data.capital_steps import step_scores
+
+    assert data.grade("capital_steps", question, question.target) == 1.0
+    lines = question.target.splitlines()
+    broken = "\n".join([lines[0], "Nowhere: Atlantis", *lines[2:]])
+    assert step_scores(question, broken) == [1.0, 0.0, *[1.0] * (len(lines) - 2)]
+    assert data.grade("capital_steps", question, broken) == 0.0
+    assert step_scores(question, lines[0]) == [1.0] + [0.0] * (len(lines) - 1)
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_probe_beats_the_majority_class_on_held_out_countries():
+    pytest.importorskip("sklearn")
+    try:
+        prm = ProbePRM.trained_on_countries(seed=0, split="train")
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    steps, labels = fact_training_steps(0, "test")
+    scores = prm.score("", steps)
+    accuracy = np.mean([(s >= 0.5) == bool(lab) for s, lab in zip(scores, labels)])
+    assert accuracy > np.mean(np.asarray(labels) == 0) + 0.05  # better than always saying "wrong"
+    assert prm.flops > 0 and prm.score("", ["not a fact"]) == [0.0]
