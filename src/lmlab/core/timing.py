@@ -11,16 +11,16 @@ Nothing here asserts or assumes any particular wall-clock value; tests inject a 
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from lmlab.core.seeding import _torch
 
 Clock = Callable[[], float]
 
@@ -279,17 +279,6 @@ def _cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def _torch() -> Any | None:
-    """torch if installed (imported on first need, never at module import), else None."""
-    if "torch" in sys.modules:
-        return sys.modules["torch"]
-    if importlib.util.find_spec("torch") is None:
-        return None
-    import torch
-
-    return torch
 
 
 def compare_timings(
