@@ -1,0 +1,61 @@
+"""Step-level generation: prompt rendering, delimiters, step prefixes and the cost of re-prefilling."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmlab import data
+from lmlab.core.compute import ComputeMeter
+from lmlab.core.generation import decode
+from lmlab.core.scoring import encode_prompt
+from lmlab.core.steps import Shot, StepModel, capital_shots
+from lmlab.data.capital_steps import step_prefixes
+
+
+def test_render_formats(tiny_llama, tiny_tokenizer):
+    chat = StepModel(tiny_llama, tiny_tokenizer, name="m")
+    assert chat.fmt == "chat"
+    text = chat.render("Q?", [" a ", "b"], step_prefix="C:")
+    assert text.endswith("assistant\na\nb\nC:")
+    shots = [Shot("Q1?", ("x", "y"))]
+    few = StepModel(tiny_llama, tiny_tokenizer, name="m", fmt="fewshot", shots=shots)
+    assert few.render("Q?", ["a"]) == "Q1?\nx\ny\n\nQ?\na\n"
+    with pytest.raises(ValueError, match="fmt"):
+        StepModel(tiny_llama, tiny_tokenizer, name="m", fmt="xml")
+
+
+def test_next_step_is_the_greedy_continuation_up_to_the_delimiter(tiny_llama, tiny_tokenizer):
+    model = StepModel(tiny_llama, tiny_tokenizer, name="m", delimiter="e", max_step_tokens=12)
+    out = model.next_step("Question", ["first"])
+    full = decode(tiny_llama, tiny_tokenizer, encode_prompt(tiny_tokenizer, model.render("Question", ["first"])),
+                  max_new_tokens=12)  # fmt: skip
+    assert out.text == full.text.split("e")[0].strip()
+    assert "e" not in out.text
+
+
+def test_step_prefixes_and_cost_accounting(tiny_llama, tiny_tokenizer):
+    meter = ComputeMeter()
+    q = data.load("capital_steps", 1, seed=0)[0]
+    model = StepModel(tiny_llama, tiny_tokenizer, name="m", meter=meter, max_step_tokens=4)
+    steps = model.answer(q.prompt, 3, step_prefixes=step_prefixes(q))
+    assert [s.split(":")[0] for s in steps] == [p[:-1] for p in step_prefixes(q)]
+    cost = meter.models["m"]
+    # every step re-prefills the whole prefix: 3 prefills, each longer than the question alone
+    question_tokens = len(encode_prompt(tiny_tokenizer, model.render(q.prompt, [])))
+    assert cost.prefill_tokens >= 3 * question_tokens
+
+
+def test_sampling_is_seeded(tiny_llama, tiny_tokenizer):
+    model = StepModel(tiny_llama, tiny_tokenizer, name="m", max_step_tokens=6)
+    a = [s.text for s in model.sample_steps("Q", [], 3, seed=5)]
+    assert a == [s.text for s in model.sample_steps("Q", [], 3, seed=5)]
+
+
+def test_capital_shots_come_from_the_train_split():
+    test_ids = {s["iso2"] for ex in data.load("capital_steps", None, seed=0) for s in ex.meta["steps"]}
+    for shot in capital_shots(seed=0, n=3):
+        assert len(shot.steps) == 3
+        names = shot.question.split("Countries: ")[1].split(", ")
+        assert not any(ex_name in names for ex in data.load("capital_steps", None, seed=0)
+                       for ex_name in [s["country"] for s in ex.meta["steps"]])  # fmt: skip
+    assert test_ids
