@@ -34,7 +34,13 @@ PRESETS: tuple[str, ...] = ("smoke", "quick", "default")
 DEFAULT_BUDGET_S: Mapping[str, float] = {"smoke": 10.0, "quick": 60.0, "default": 300.0}
 
 # One line per method, "area/id", in catalogue order. `tests/test_registry.py` checks it equals the folders.
-METHOD_INDEX: tuple[str, ...] = ("decoding/reflection_window",)
+METHOD_INDEX: tuple[str, ...] = (
+    "decoding/reflection_window",
+    "decoding/spec_search",
+    "decoding/rsd",
+    "decoding/farma",
+    "decoding/ralu",
+)
 
 _ID_RE = re.compile(r"^[a-z][a-z0-9_]*[a-z0-9]$")
 
