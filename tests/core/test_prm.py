@@ -28,7 +28,8 @@ def test_oracle_scores_gold_and_wrong_steps(question):
     wrong = [f"{s['country']}: Paris" for s in question.meta["steps"]]
     assert prm.score(question.prompt, wrong) == [0.0] * len(wrong)
     assert prm.score("", ["peru: LIMA", "Colombia: Bogotá", "Colombia: Bogota", "gibberish"]) == [1, 1, 1, 0]
-    assert prm.calls == 3 and isinstance(prm, PRM)
+    assert prm.score("", ["Guinea-Bissau: Guinea-Bissau", "Guinea-Bissau: Bissau", "Djibouti: Djibouti"]) == [0, 1, 1]
+    assert prm.calls == 4 and isinstance(prm, PRM)
 
 
 def test_noisy_oracle_is_deterministic_and_flips_about_eps():
@@ -69,3 +70,5 @@ def test_probe_beats_the_majority_class_on_held_out_countries():
     accuracy = np.mean([(s >= 0.5) == bool(lab) for s, lab in zip(scores, labels)])
     assert accuracy > np.mean(np.asarray(labels) == 0) + 0.05  # better than always saying "wrong"
     assert prm.flops > 0 and prm.score("", ["not a fact"]) == [0.0]
+    # a small model's commonest wrong step repeats the country; its cosine is 1, yet the probe must reject it
+    assert prm.score("", ["Peru: Peru"])[0] < 0.5 < prm.score("", ["Peru: Lima"])[0]
