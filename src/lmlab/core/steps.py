@@ -128,14 +128,20 @@ class StepModel:
             meter=self.meter,
             meter_name=self.name,
         )
-        text = out.text.split(self.delimiter)[0].strip()
+        return self.to_step(out.token_ids, out.stop_reason, step_prefix, out.token_logprobs)
+
+    def to_step(
+        self, token_ids: Sequence[int], stop_reason: str, step_prefix: str = "", token_logprobs: Sequence[float] = ()
+    ) -> StepOutput:
+        """A `StepOutput` from generated ids: the text up to the delimiter, and whether the answer ended."""
+        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True).split(self.delimiter)[0].strip()
         if step_prefix:
-            return StepOutput(f"{step_prefix.strip()} {text}".strip(), out.token_ids, out.stop_reason == "eos",
-                              out.token_logprobs)  # fmt: skip
+            return StepOutput(f"{step_prefix.strip()} {text}".strip(), list(token_ids), stop_reason == "eos",
+                              list(token_logprobs))  # fmt: skip
         # a base model that starts a new question block has finished the answer
-        finished = out.stop_reason == "eos" or not text or (self.fmt == "fewshot" and _starts_new_block(text))
-        return StepOutput("" if finished and _starts_new_block(text) else text, out.token_ids, finished,
-                          out.token_logprobs)  # fmt: skip
+        finished = stop_reason == "eos" or not text or (self.fmt == "fewshot" and starts_new_block(text))
+        return StepOutput("" if finished and starts_new_block(text) else text, list(token_ids), finished,
+                          list(token_logprobs))  # fmt: skip
 
     def sample_steps(
         self,
@@ -184,7 +190,8 @@ class StepModel:
         return steps
 
 
-def _starts_new_block(text: str) -> bool:
+def starts_new_block(text: str) -> bool:
+    """Whether a few-shot model's output starts the next question block (so the answer has ended)."""
     lowered = text.lower()
     return lowered.startswith(("give the capital", "countries:", "question:"))
 

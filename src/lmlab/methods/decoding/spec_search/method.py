@@ -48,7 +48,7 @@ from lmlab.core.compute import ComputeMeter
 from lmlab.core.generation import cache_kwargs, crop_cache, filter_logits, new_cache
 from lmlab.core.scoring import encode_prompt
 from lmlab.core.seeding import derive_seed
-from lmlab.core.steps import Shot, StepModel, StepOutput, _starts_new_block
+from lmlab.core.steps import Shot, StepModel, StepOutput
 
 AGGREGATES = ("mean", "min", "last", "prod")
 ESTIMATORS = ("mean", "max")
@@ -260,14 +260,6 @@ class ThoughtModel(StepModel):
             feed = torch.tensor([[chosen[j]] for j in keep], device=device)  # (rows, 1)
             logits = self._forward(feed, cache)
         return [self.to_step(tokens[i], reasons[i], step_prefix) for i in range(n)]
-
-    def to_step(self, token_ids: list[int], stop_reason: str, step_prefix: str = "") -> StepOutput:
-        """A `StepOutput` from generated ids, with `StepModel.next_step`'s rules for text and `finished`."""
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True).split(self.delimiter)[0].strip()
-        if step_prefix:
-            return StepOutput(f"{step_prefix.strip()} {text}".strip(), list(token_ids), stop_reason == "eos")
-        finished = stop_reason == "eos" or not text or (self.fmt == "fewshot" and _starts_new_block(text))
-        return StepOutput("" if finished and _starts_new_block(text) else text, list(token_ids), finished)
 
     def next_step(
         self,
