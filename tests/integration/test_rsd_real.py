@@ -31,7 +31,9 @@ def test_claim_direction_on_smollm2_and_gemma(smollm2, gemma3):
     target_flops = {s: result.metric(s, "target_gflops").value for s in (rsd, oracle, "target_only")}
     # RSD fixes draft steps with the target: above draft-only, at fewer target-model FLOPs than target-only
     assert acc[rsd] > acc["draft_only"] and acc[oracle] > acc["draft_only"]
-    assert target_flops[rsd] < target_flops["target_only"] and target_flops[oracle] < target_flops["target_only"]
+    assert target_flops[rsd] < target_flops["target_only"]
+    # with an exact PRM the target writes exactly the steps the draft got wrong: never more than target-only
+    assert target_flops[oracle] <= target_flops["target_only"]
     # with an exact PRM, kept draft steps are correct ones: accuracy at least target-only's
     assert acc[oracle] >= acc["target_only"]
     assert result.flags["oracle_prm"] is True
