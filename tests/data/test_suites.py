@@ -32,6 +32,7 @@ VARIANTS: dict[str, list[dict]] = {
     "corpus": [{}, {"kind": "all", "min_chars": 100, "max_chars": 400}],
     "instructions": [{}],
     "capital_steps": [{}, {"n_countries": 2}],
+    "fact_corpus": [{"n_facts": 300}, {"kind": "control"}, {"kind": "document", "n_facts": 300}],
 }
 N = 8
 BAD_KWARGS: dict[str, dict] = {
@@ -45,6 +46,7 @@ BAD_KWARGS: dict[str, dict] = {
     "corpus": {"kind": "code"},
     "instructions": {"style": "chat"},
     "capital_steps": {"n_countries": 0},
+    "fact_corpus": {"kind": "essay"},
 }
 # Suites whose default pool is enumerated (n=None gives the whole split); the others need an int n.
 FINITE = {
@@ -54,13 +56,14 @@ FINITE = {
     "corpus",
     "greater_than",
     "strings",
+    "fact_corpus",
     "permutations",
     "capital_steps",
 }
 
 
 def _good(name: str, ex: Example) -> str:
-    if name in ("corpus", "instructions"):
+    if name in ("corpus", "instructions") or ex.meta.get("kind") == "document":
         return "Some answer."
     if name == "ioi":
         return ex.target + " the drink."
@@ -68,12 +71,14 @@ def _good(name: str, ex: Example) -> str:
 
 
 def _bad(name: str, ex: Example) -> str:
-    if name in ("corpus", "instructions"):
+    if name in ("corpus", "instructions") or ex.meta.get("kind") == "document":
         return "   "
     if name == "countries":
         return {"iso2": "zz", "iso3": "ZZZ"}.get(ex.meta["task"], "I do not know.")
     if name == "capital_steps":
         return "I do not know."
+    if name == "fact_corpus":
+        return "nowhere"
     if name == "arithmetic":
         return str(int(ex.target) + 1)
     if name == "permutations":

@@ -121,3 +121,34 @@ def make_tiny_model(
 def make_tiny_llama(seed: int = 0, n_layers: int = 2, hidden: int = 64, **kwargs: Any) -> Any:
     """`make_tiny_model` with the llama architecture (SmolLM2's)."""
     return make_tiny_model(seed, arch="llama", n_layers=n_layers, hidden=hidden, **kwargs)
+
+
+def make_word_tokenizer(texts: Any, *, max_vocab: int = 4096, min_count: int = 1) -> Any:
+    """A word-level `PreTrainedTokenizerFast` fitted on `texts`, for tiny from-scratch models.
+
+    Words and punctuation marks are tokens; digits are split one per token (so numbers never blow up the
+    vocabulary); the `max_vocab` most frequent types are kept (ties broken alphabetically, so the vocabulary is a
+    deterministic function of the texts), the rest map to ``<unk>``. Specials: ``<pad>`` 0, ``<s>`` 1, ``</s>`` 2,
+    ``<unk>`` 3. A 49k-entry vocabulary would dominate a tiny model's parameters and time; this keeps it small.
+    """
+    from collections import Counter
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    pre = pre_tokenizers.Sequence(
+        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.Punctuation()]
+    )
+    counts: Counter[str] = Counter()
+    for text in texts:
+        counts.update(piece for piece, _ in pre.pre_tokenize_str(text))
+    ranked = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+    vocab = {tok: i for i, tok in enumerate(TINY_SPECIALS)}
+    for word in ranked[: max(0, max_vocab - len(vocab))]:
+        vocab[word] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre
+    backend.decoder = decoders.WordPiece(prefix="##", cleanup=True)  # joins words with spaces
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )

@@ -21,6 +21,7 @@ SPLITS: tuple[str, ...] = ("train", "dev", "test")
 SUITE_INDEX: Mapping[str, str] = {
     "countries": "lmlab.data.countries",
     "capital_steps": "lmlab.data.capital_steps",
+    "fact_corpus": "lmlab.data.fact_corpus",
     "arithmetic": "lmlab.data.arithmetic",
     "permutations": "lmlab.data.permutations",
     "ioi": "lmlab.data.ioi",
