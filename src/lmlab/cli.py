@@ -128,6 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 plots=not args.no_plots,
                 show_progress=False if args.no_progress else None,
                 seed=seed,
+                engine=args.engine,
                 **overrides,
             )
             results.append(result)
@@ -317,6 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, nargs="+")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--dry-run", "--show-config", dest="dry_run", action="store_true", help="print the config")
+    p.add_argument(
+        "--engine",
+        choices=("fast", "fast-int4", "hf"),
+        help="decode engine: fast (default where supported; fp32, exact), fast-int4 (4-bit weights), hf",
+    )
     p.set_defaults(func=cmd_run, preset="default")
 
     p = sub.add_parser("reproduce", help="run many methods and write one report")
@@ -346,9 +352,54 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--kw", action="append", default=[], metavar="KEY=VALUE", help="suite keyword argument")
     d.set_defaults(func=cmd_data)
 
+    p = sub.add_parser("bench", help="speed benchmarks (decode: lmlab engines vs transformers vs llama.cpp)")
+    bsub = p.add_subparsers(dest="bench_command", metavar="BENCH")
+    b = bsub.add_parser("decode", help="interleaved decode/prefill speed, bandwidth floor and int4 exactness")
+    b.add_argument("--model", default="smollm2-135m")
+    b.add_argument("--candidates", nargs="+", default=None, metavar="NAME",
+                   help="subset of: lmlab-int4 lmlab-fp32 hf-fp32 hf-bf16 llama.cpp (default: all)")  # fmt: skip
+    b.add_argument("--prompts", type=int, default=3)
+    b.add_argument("--prompt-tokens", dest="prompt_tokens", type=int, default=64)
+    b.add_argument("--new-tokens", dest="new_tokens", type=int, default=32)
+    b.add_argument("--rounds", type=int, default=3)
+    b.add_argument("--threads", type=int)
+    b.add_argument("--no-exactness", dest="exactness", action="store_false")
+    b.add_argument("--out", default="results/bench/decode.json", help="JSON report path")
+    b.add_argument("-v", "--verbose", action="count", default=0)
+    b.add_argument("-q", "--quiet", action="store_true")
+    b.set_defaults(func=cmd_bench)
+
     p = sub.add_parser("env", help="versions, git hash, CPU and threads (for bug reports)")
     p.set_defaults(func=cmd_env)
     return parser
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if getattr(args, "bench_command", None) != "decode":
+        raise UsageError("usage: lmlab bench decode [--model M] [--rounds N] ... (see lmlab bench decode --help)")
+    from lmlab.core.bench_decode import ALL_CANDIDATES, bench_decode, format_report, write_report
+    from lmlab.runner import quiet_transformers
+
+    for name, value in (("prompts", args.prompts), ("prompt-tokens", args.prompt_tokens),
+                        ("new-tokens", args.new_tokens), ("rounds", args.rounds)):  # fmt: skip
+        if value < 1 or (name == "new-tokens" and value < 2):
+            raise UsageError(f"--{name} must be >= {2 if name == 'new-tokens' else 1}, got {value}")
+    with quiet_transformers():
+        report = bench_decode(
+            args.model,
+            candidates=tuple(args.candidates or ALL_CANDIDATES),
+            n_prompts=args.prompts,
+            prompt_tokens=args.prompt_tokens,
+            new_tokens=args.new_tokens,
+            rounds=args.rounds,
+            threads=args.threads,
+            exactness=args.exactness,
+            log=lambda m: print(m, file=sys.stderr),
+        )
+    print(format_report(report))
+    path = write_report(report, args.out)
+    print(f"\nwrote {path}")
+    return EXIT_OK
 
 
 def _setup_logging(args: argparse.Namespace) -> None:

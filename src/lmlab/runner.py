@@ -213,6 +213,7 @@ def run_method(
     plots: bool = True,
     show_progress: bool | None = None,
     raise_errors: bool = False,
+    engine: str | None = None,
     **overrides: Any,
 ) -> RunResult:
     """Run one method once and (by default) write its folder.
@@ -225,8 +226,11 @@ def run_method(
         folder: exact folder to write (used by `reproduce`); overrides `out`.
         write (`bool`): write files; plots (`bool`): include PNGs.
         raise_errors (`bool`): re-raise an exception from the experiment instead of recording it.
+        engine (`str`, *optional*): decode engine for this run (``fast``, ``fast-int4``, ``hf``; see
+            `lmlab.core.generation`); None keeps the process default (``fast`` where the model supports it).
     """
     from lmlab import __version__
+    from lmlab.core import engine as engines
     from lmlab.core.envinfo import env_info
     from lmlab.core.seeding import set_seed, set_threads
 
@@ -241,6 +245,10 @@ def run_method(
     set_seed(cfg.seed)
     if cfg.threads is not None:
         set_threads(cfg.threads)
+    previous_engine = engines._DEFAULT[-1] if engines._DEFAULT else None
+    if engine is not None:
+        engines.set_default_engine(engine)
+    engine_used = engines.default_engine()
     ctx = RunContext(spec, cfg, preset=preset, show_progress=show_progress)
     created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     t0 = time.perf_counter()
@@ -255,6 +263,9 @@ def run_method(
         error = f"{type(e).__name__}: {e}"
         logger.error("%s failed: %s\n%s", spec.id, error, traceback.format_exc())
         result = ctx.finish([])
+    finally:
+        if engine is not None:
+            engines.set_default_engine(previous_engine)
     total = time.perf_counter() - t0
     budget = spec.budget(preset)
     result.run_info = {
@@ -272,6 +283,7 @@ def run_method(
         "status": "error" if error else "ok",
         "error": error,
         "lmlab_version": __version__,
+        "engine": engine_used,
     }
     result.compute = ctx.meter.to_dict()
     env = env_info()

@@ -14,15 +14,25 @@ The KV cache always holds a prefix of the current ids. After a rewind or replace
 prefix that is still valid (`DynamicCache.crop`; a sliding-window layer that cannot crop falls back to a fresh
 prefill) and only the changed tokens are fed again, so no discarded token ever conditions the next step.
 
-The loop runs one sequence at a time (rewinds make batch rows ragged); `decode_many` maps it over prompts.
+The loop runs one sequence at a time (rewinds make batch rows ragged); `decode_many` maps it over prompts;
+`decode_batch` decodes many prompts together (left padding, no callbacks) on the fast engine.
 `hf_generate` wraps `model.generate` (left padding, batches) for plain greedy / beam / sampling baselines.
+
+Engines (``engine=`` on `decode`, `decode_many`, `decode_batch`; ``lmlab run --engine``): ``"fast"`` (the default
+where supported: lmlab's own llama / gemma3 forward over a static KV cache, with the model's fp32 weights, so the
+same greedy tokens as transformers), ``"fast-int4"`` (the same with 4-bit weights, from the GGUF's own Q4 blocks
+where the model came from one; ~3-4x faster, not exact: see `lmlab.core.engine`) and ``"hf"`` (the transformers
+forward with a `DynamicCache`). A model the fast engine cannot run (another architecture, hooks, adapters, bf16,
+GPU) falls back to ``"hf"`` with a logged message. `DecodeState.fork_cache` always returns a transformers cache.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +42,8 @@ import torch.nn.functional as F
 
 from lmlab.core.compute import ComputeMeter
 from lmlab.core.scoring import encode_prompt
+
+logger = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Callback actions
@@ -105,6 +117,8 @@ def crop_cache(cache: Any, length: int) -> bool:
         raise ValueError(f"cannot crop a cache of {current} positions to {length}")
     if length == current:
         return True
+    if hasattr(cache, "can_crop"):  # the fast engine's KVCache: O(1)
+        return cache.crop(length)
     try:
         cache.crop(length - current)  # transformers 5: a negative count removes that many positions
     except (RuntimeError, ValueError):
@@ -135,6 +149,36 @@ def forward_tokens(model: Any, tokens: Sequence[int], cache: Any) -> torch.Tenso
     ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)
     out = model(input_ids=ids, logits_to_keep=1, **cache_kwargs(model, cache))
     return out.logits[0, -1].float()
+
+
+_FALLBACK_SEEN: set[tuple[str, str]] = set()
+
+
+def resolve_engine(model: Any, engine: str | None = None) -> Any | None:
+    """The fast engine to decode `model` with, or None for the HF forward.
+
+    `engine` is ``"fast"``, ``"fast-int4"``, ``"hf"`` or None (the process default: `lmlab.core.engine.default_engine`,
+    ``fast`` unless set). A model the fast engine cannot run falls back to HF with a logged message (a warning
+    when the fast engine was asked for explicitly, once per model type and reason).
+    """
+    from lmlab.core.engine import EngineUnsupported, default_engine, get_engine, parse_engine
+
+    name = parse_engine(engine) if engine is not None else default_engine()
+    if name == "hf":
+        return None
+    try:
+        return get_engine(model, "int4" if name == "fast-int4" else "fp32")
+    except EngineUnsupported as e:
+        key = (type(model).__name__, str(e))
+        if key not in _FALLBACK_SEEN:
+            _FALLBACK_SEEN.add(key)
+            level = logging.WARNING if engine is not None else logging.INFO
+            logger.log(level, "engine %r not used for %s: %s; decoding with the HF forward", name, key[0], e)
+        return None
+
+
+def _meter_label(model: Any, name: str | None) -> str:
+    return name or getattr(model, "lmlab_spec", None) or type(model).__name__
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -186,8 +230,10 @@ class DecodeState:
         The copy may hold fewer positions than asked (when the live cache cannot be cropped); the caller then feeds
         ``ids[held:length]`` itself before decoding from position `length`.
         """
-        fork = copy.deepcopy(self._cache)
         held = min(length, self._cached_len)
+        if hasattr(self._cache, "to_hf"):  # the fast engine's cache: hand out a transformers copy of its prefix
+            return self._cache.to_hf(self.model, held)
+        fork = copy.deepcopy(self._cache)
         if not crop_cache(fork, held):
             fork, held = new_cache(self.model), 0
         return fork, held
@@ -240,6 +286,7 @@ def decode(
     seed: int | None = None,
     meter: ComputeMeter | None = None,
     meter_name: str | None = None,
+    engine: str | None = None,
 ) -> DecodeOutput:
     """Decode one sequence with a KV cache, a per-step callback and exact rewind.
 
@@ -255,6 +302,8 @@ def decode(
         eos_token_id: end token(s); defaults to the model's generation config.
         seed (`int`, *optional*): seeds the sampler (a private `torch.Generator`).
         meter (`ComputeMeter`, *optional*): counts this decode's forwards under `meter_name`.
+        engine (`str`, *optional*): ``"fast"``, ``"fast-int4"`` or ``"hf"`` (see the module docstring); None uses the
+            process default (``fast`` where the model supports it).
     """
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -272,16 +321,31 @@ def decode(
     entropies: list[float] = []
     token_lps: list[float] = []
     events: list[dict[str, Any]] = []
-    cache = new_cache(model)
+    fast = resolve_engine(model, engine) if max_new_tokens > 0 else None
+    capacity = len(prompt_ids) + max_new_tokens + 1
+
+    def fresh_cache() -> Any:
+        return fast.new_cache(1, capacity) if fast is not None else new_cache(model)
+
+    cache = fresh_cache()
     cached_len = 0
     stop_reason = "max_new_tokens"
+    if fast is not None and meter is not None:
+        from lmlab.core.models import flop_params
+
+        label, n_params = _meter_label(model, meter_name), flop_params(model)
 
     def feed() -> torch.Tensor:
         nonlocal cached_len
         tokens = ids[cached_len:]
         counter["calls"] += 1
         counter["tokens"] += len(tokens)
-        if meter is not None:
+        if fast is not None:
+            t0 = time.perf_counter()
+            logits = fast.forward_tokens(tokens, cache)
+            if meter is not None:
+                meter.record(label, batch=1, seq=len(tokens), flop_params=n_params, wall_s=time.perf_counter() - t0)
+        elif meter is not None:
             with meter.track(model, meter_name):
                 logits = forward_tokens(model, tokens, cache)
         else:
@@ -295,7 +359,7 @@ def decode(
         target = min(cached_len, valid_prefix, len(ids) - 1)
         if target < cached_len:
             if not crop_cache(cache, target):
-                cache, target = new_cache(model), 0
+                cache, target = fresh_cache(), 0
             cached_len = target
 
     logits = feed() if max_new_tokens > 0 else None
@@ -405,6 +469,109 @@ def decode_many(
     return [
         decode(model, tokenizer, p, seed=None if seed is None else seed + i, **kwargs) for i, p in enumerate(prompts)
     ]
+
+
+@torch.no_grad()
+def decode_batch(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str | Sequence[int]],
+    *,
+    max_new_tokens: int = 32,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    stop_strings: Sequence[str] = (),
+    eos_token_id: int | Sequence[int] | None = None,
+    seed: int | None = None,
+    batch_size: int = 8,
+    meter: ComputeMeter | None = None,
+    meter_name: str | None = None,
+    engine: str | None = None,
+) -> list[DecodeOutput]:
+    """Decode many prompts together on the fast engine: left-padded batches, one forward per step for the batch.
+
+    Same outputs as `decode_many` with the same arguments (greedy: the same tokens; sampling: row i uses the
+    generator seeded ``seed + i``, as `decode_many` does), without callbacks or logits processors. A row stops at
+    EOS, a stop string or `max_new_tokens`; the batch steps until every row has stopped (finished rows are fed
+    but ignored). Falls back to `decode_many` when the fast engine is not used.
+    """
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                  top_p=top_p, stop_strings=stop_strings, eos_token_id=eos_token_id, meter=meter,
+                  meter_name=meter_name)  # fmt: skip
+    fast = resolve_engine(model, engine) if max_new_tokens > 0 else None
+    if fast is None:
+        return decode_many(model, tokenizer, prompts, seed=seed, engine="hf", **kwargs)
+    encoded = [encode_prompt(tokenizer, p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+    if any(not e for e in encoded):
+        raise ValueError("prompt is empty: decoding needs at least one prompt token")
+    eos = _eos_ids(model, tokenizer, eos_token_id)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    if meter is not None:
+        from lmlab.core.models import flop_params
+
+        label, n_params = _meter_label(model, meter_name), flop_params(model)
+    outputs: list[DecodeOutput] = []
+    for start in range(0, len(encoded), batch_size):
+        rows = encoded[start : start + batch_size]
+        B, width = len(rows), max(len(r) for r in rows)
+        pads = [width - len(r) for r in rows]
+        ids = torch.tensor([[pad_id] * p + r for p, r in zip(pads, rows)], dtype=torch.long)
+        gens = []
+        if do_sample:
+            for i in range(B):
+                g = torch.Generator(device="cpu")
+                g.manual_seed((0 if seed is None else int(seed)) + start + i)
+                gens.append(g)
+        cache = fast.new_cache(B, width + max_new_tokens + 1, pads)
+        new: list[list[int]] = [[] for _ in range(B)]
+        ents: list[list[float]] = [[] for _ in range(B)]
+        lps: list[list[float]] = [[] for _ in range(B)]
+        reasons = ["max_new_tokens"] * B
+        done = [False] * B
+        calls = 0
+        feed = ids
+        while True:
+            t0 = time.perf_counter()
+            logits = fast.forward(feed, cache)  # [B, vocab]
+            calls += 1
+            if meter is not None:
+                meter.record(label, batch=B, seq=feed.shape[1], flop_params=n_params, wall_s=time.perf_counter() - t0)
+            raw_lp = F.log_softmax(logits, dim=-1)
+            ent = entropy_from_logprobs(raw_lp)
+            if do_sample:
+                probs = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p).softmax(-1)
+                chosen = [int(torch.multinomial(probs[i], 1, generator=gens[i])) for i in range(B)]
+            else:
+                chosen = logits.argmax(-1).tolist()
+            for i in range(B):
+                if done[i]:
+                    continue
+                tok = chosen[i]
+                new[i].append(tok)
+                ents[i].append(float(ent[i]))
+                lps[i].append(float(raw_lp[i, tok]))
+                if tok in eos:
+                    done[i], reasons[i] = True, "eos"
+                elif stop_strings and _hits_stop(tokenizer, new[i], stop_strings):
+                    done[i], reasons[i] = True, "stop_string"
+                elif len(new[i]) >= max_new_tokens:
+                    done[i] = True
+            if all(done):
+                break
+            feed = torch.tensor([[new[i][-1] if new[i] else pad_id] for i in range(B)], dtype=torch.long)
+        for i, r in enumerate(rows):
+            text = tokenizer.decode(new[i], skip_special_tokens=True)
+            if reasons[i] == "stop_string":
+                text = _cut_at_stop(text, stop_strings)
+            n = len(new[i])
+            outputs.append(DecodeOutput(list(r), new[i], text, ents[i], lps[i], reasons[i], n, len(r) + n - 1))
+    return outputs
 
 
 # ----------------------------------------------------------------------------------------------------------------
