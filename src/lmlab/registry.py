@@ -40,6 +40,16 @@ METHOD_INDEX: tuple[str, ...] = (
     "decoding/rsd",
     "decoding/farma",
     "decoding/ralu",
+    "compression/wanda",
+    "compression/sparsegpt",
+    "compression/lora_gen",
+    "compression/atp",
+    "compression/maiht",
+    "efficiency/mminference",
+    "efficiency/memory_layers",
+    "efficiency/aoe",
+    "efficiency/fp_quant_scaling",
+    "efficiency/shadowkv",
 )
 
 _ID_RE = re.compile(r"^[a-z][a-z0-9_]*[a-z0-9]$")

@@ -33,6 +33,7 @@ VARIANTS: dict[str, list[dict]] = {
     "instructions": [{}],
     "capital_steps": [{}, {"n_countries": 2}],
     "fact_corpus": [{"n_facts": 300}, {"kind": "control"}, {"kind": "document", "n_facts": 300}],
+    "ruler": [{"context_tokens": 256}, {"task": "niah_multikey", "context_tokens": 300}, {"task": "vt"}],
 }
 N = 8
 BAD_KWARGS: dict[str, dict] = {
@@ -47,6 +48,7 @@ BAD_KWARGS: dict[str, dict] = {
     "instructions": {"style": "chat"},
     "capital_steps": {"n_countries": 0},
     "fact_corpus": {"kind": "essay"},
+    "ruler": {"task": "qa"},
 }
 # Suites whose default pool is enumerated (n=None gives the whole split); the others need an int n.
 FINITE = {
@@ -75,7 +77,7 @@ def _bad(name: str, ex: Example) -> str:
         return "   "
     if name == "countries":
         return {"iso2": "zz", "iso3": "ZZZ"}.get(ex.meta["task"], "I do not know.")
-    if name == "capital_steps":
+    if name in ("capital_steps", "ruler"):
         return "I do not know."
     if name == "fact_corpus":
         return "nowhere"

@@ -90,11 +90,14 @@ def lines(
     ylabel: str,
     secondary: dict[str, Sequence[float]] | None = None,
     secondary_label: str = "",
+    logy: bool = False,
 ) -> bytes:
     """Line plot of named series over `x` (e.g. a threshold sweep), with an optional second y axis."""
     fig, ax = plt.subplots(figsize=(5.2, 3.6))
     for name, ys in series.items():
         ax.plot(list(x), list(ys), marker="o", label=name)
+    if logy:
+        ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     handles, labels = ax.get_legend_handles_labels()

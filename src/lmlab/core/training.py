@@ -147,8 +147,9 @@ def pretrain_lm(
         lr, weight_decay, warmup, min_lr_ratio, grad_clip, betas: AdamW with linear warm-up and cosine decay.
         seed (`int`): seeds the window sampler (the data order); seed the model's init yourself.
         param_groups: optional AdamW parameter groups (dicts with ``params`` and e.g. their own ``lr`` or
-            ``fixed_lr=True`` to exempt a group from the schedule, as memory-layer values use); default: all
-            trainable parameters, with no weight decay on 1-D tensors (norms, biases).
+            ``fixed_lr=True`` to exempt a group from the schedule, or ``clip_group=NAME`` to clip the gradients of
+            the groups sharing NAME apart from the rest, as memory-layer values are); default: all trainable
+            parameters, with no weight decay on 1-D tensors (norms, biases).
         eval_ids (`torch.Tensor`, *optional*): held-out stream, evaluated every `eval_every` steps and at the end.
         loss_fn: ``(model, batch) -> loss`` to add auxiliary losses (default `lm_loss`).
         on_step: called with (step, loss) after every step.
@@ -165,6 +166,7 @@ def pretrain_lm(
         g.setdefault("lr", lr)
         g["base_lr"] = g["lr"]
     fixed = [bool(g.pop("fixed_lr", False)) for g in groups]
+    clip_keys = [g.pop("clip_group", None) for g in groups]  # groups sharing a key are clipped together
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, weight_decay=weight_decay)
     sampler = WindowSampler(train_ids, seq_len, batch_size, seed)
     loss_fn = loss_fn or lm_loss
@@ -181,7 +183,11 @@ def pretrain_lm(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], grad_clip)
+            clip_sets: dict[Any, list[torch.Tensor]] = {}
+            for g, key in zip(optimizer.param_groups, clip_keys):
+                clip_sets.setdefault(key, []).extend(g["params"])
+            for clip_params in clip_sets.values():
+                torch.nn.utils.clip_grad_norm_(clip_params, grad_clip)
         optimizer.step()
         result.losses.append(float(loss))
         result.tokens += batch.shape[0] * (batch.shape[1] - 1)

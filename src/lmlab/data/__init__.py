@@ -30,6 +30,7 @@ SUITE_INDEX: Mapping[str, str] = {
     "humaneval": "lmlab.data.humaneval",
     "corpus": "lmlab.data.corpus",
     "instructions": "lmlab.data.instructions",
+    "ruler": "lmlab.data.ruler",
 }
 
 

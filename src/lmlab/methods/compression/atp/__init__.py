@@ -1,0 +1,65 @@
+"""ATP (Huang et al., ICML 2025): per-block sparsity rising in an arithmetic progression, on Wanda and SparseGPT."""
+
+from lmlab.registry import MethodSpec, register_method
+
+SPEC = register_method(
+    MethodSpec(
+        id="atp",
+        name="ATP: arithmetic-progression layer-wise sparsity",
+        area="compression",
+        paper="Determining Layer-wise Sparsity for Large Language Models Through a Theoretical Perspective",
+        paper_url="https://arxiv.org/abs/2502.14770",
+        code_url="https://github.com/wzhuang-xmu/ATP",
+        config="lmlab.methods.compression.atp.config:ATPConfig",
+        run="lmlab.methods.compression.atp.experiment:run",
+        claim=(
+            "Block sparsities in an increasing arithmetic progression (mean S, common difference beta chosen by a "
+            "small search) give lower perplexity than uniform sparsity and than OWL at 70% unstructured sparsity, "
+            "with Wanda and with SparseGPT."
+        ),
+        baselines=("uniform", "owl", "reverse", "wanda", "sparsegpt"),
+        default_model="smollm2-135m",
+        suites=("corpus", "countries"),
+        presets={
+            "smoke": {
+                "betas": [0.0, 0.05],
+                "pruners": ["wanda", "sparsegpt"],
+                "n_calib": 2,
+                "seq_len": 16,
+                "n_val": 2,
+                "n_test": 3,
+                "n_cloze": 4,
+            },
+            "quick": {
+                "betas": [0.0, 0.008],
+                "pruners": ["wanda"],
+                "n_calib": 4,
+                "seq_len": 128,
+                "n_val": 4,
+                "n_test": 8,
+                "n_cloze": 24,
+                "reverse": False,
+            },
+        },  # fmt: skip
+        tags=("compression", "pruning", "sparsity-allocation"),
+        bibtex=(
+            "@inproceedings{huang2025atp,\n  title={Determining Layer-wise Sparsity for Large Language Models Through "
+            "a Theoretical Perspective},\n  author={Huang, Weizhong and Zhang, Yuxin and Zheng, Xiawu and Chao, Fei "
+            "and Ji, Rongrong},\n  booktitle={ICML},\n  year={2025}}"
+        ),
+    )
+)
+
+_LAZY = ("layer_sparsities", "beta_grid", "max_beta", "search_beta", "SearchResult")
+
+
+def __getattr__(name: str):
+    # The algorithm imports nothing heavy, but keep the registry import path uniform with the other methods.
+    if name in _LAZY:
+        from lmlab.methods.compression.atp import method
+
+        return getattr(method, name)
+    raise AttributeError(name)
+
+
+__all__ = ["SPEC", *_LAZY]

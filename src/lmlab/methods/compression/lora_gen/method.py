@@ -1,0 +1,782 @@
+"""LoRA-Gen: a frozen cloud LM turns a task's system prompt into per-layer mixtures of LoRA experts for an edge LM.
+
+Delta W_l = (alpha / r) sum_i g_{l,i} B_{l,i} A_{l,i},   g_l = Softmax(KeepTopK(W_r m_l + noise, k))
+(https://arxiv.org/abs/2506.11638)
+
+The cloud model reads the system prompt (task description plus few-shot examples) once. Per edge layer l a meta
+token m_l summarises it; a router maps m_l to gates g_l over a pool of n LoRA experts (A_{l,i}, B_{l,i}) of rank r.
+The gates depend on the task only, never on the edge model's tokens, so Delta W_l is one fixed matrix per task and
+is merged into the edge weights (W_l <- W_l + Delta W_l): the edge model then answers the bare query, with its own
+architecture and cost, and without the system prompt in its context (the context compression).
+
+lmlab's variant (``mode="frozen_cloud"``): the cloud LM is frozen and its last hidden states of the system prompt are
+cached; the meta token m_l is a learned query q_l cross-attending over them (one attention layer), instead of L
+special tokens appended to the cloud input with the cloud LM LoRA-tuned (the paper's set-up, too slow to
+back-propagate through on 2 CPU cores). Gating is Shazeer et al.'s noisy top-k (the softmax over the k kept logits,
+so the k gates are positive and sum to 1), with their CV^2 importance loss against expert collapse. LoRA sits on the
+top `n_top` edge blocks only, so the bottom blocks' hidden states of the training examples are computed once and
+cached (`EdgeTop`).
+
+Equivalences used by the tests:
+- sum_i g_i B_i A_i = [g_1 B_1 ... g_n B_n] [A_1; ...; A_n]: a rank-(k r) LoRA with the k selected experts
+  concatenated (peft's ``combination_type="cat"``), which is how `export_peft` hands a generated LoRA to peft.
+  Mixing A and B separately, (sum g_i B_i)(sum g_i A_i) (peft's ``"linear"``), is a different matrix.
+- all-zero gates give Delta W = 0: the merged edge model is the base model, bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# -- the edge model's structure ------------------------------------------------------------------------------------
+
+
+def _base(model: Any) -> Any:
+    """The decoder stack of a causal LM (``model.model`` for llama / gemma), or the model itself."""
+    return getattr(model, "model", model)
+
+
+def decoder_layers(model: Any) -> nn.ModuleList:
+    base = _base(model)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no decoder layer list at .model.layers")
+    return layers
+
+
+def top_layer_ids(model: Any, n_top: int) -> list[int]:
+    """Indices of the last `n_top` decoder blocks (all of them when the model is shallower)."""
+    if n_top < 1:
+        raise ValueError(f"n_top must be >= 1, got {n_top}")
+    n = len(decoder_layers(model))
+    return list(range(max(0, n - n_top), n))
+
+
+def target_modules(model: Any, layer_ids: Sequence[int], targets: Sequence[str]) -> dict[str, nn.Linear]:
+    """``{module name: nn.Linear}`` of the `targets` (e.g. ``gate_proj``) inside the blocks `layer_ids`, in order.
+
+    Embeddings and the (tied) LM head are never targets: LoRA on them would also change the input embedding.
+    """
+    wanted = set(layer_ids)
+    found: dict[str, nn.Linear] = {}
+    for name, module in model.named_modules():
+        parts = name.split(".")
+        if not isinstance(module, nn.Linear) or parts[-1] not in targets or "layers" not in parts:
+            continue
+        layer = int(parts[parts.index("layers") + 1])
+        if layer in wanted:
+            found[name] = module
+    missing = [t for t in targets if not any(n.endswith("." + t) for n in found)]
+    if missing:
+        raise ValueError(f"target module(s) {missing} not found in blocks {list(layer_ids)} of {type(model).__name__}")
+    order = {t: i for i, t in enumerate(targets)}
+    return dict(sorted(found.items(), key=lambda kv: (_layer_of(kv[0]), order[kv[0].split(".")[-1]])))
+
+
+def _layer_of(name: str) -> int:
+    parts = name.split(".")
+    return int(parts[parts.index("layers") + 1])
+
+
+# -- the generator -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GateOutput:
+    """Gates of a batch of system prompts: `gates` (batch, n_layers, n_experts), exactly `top_k` positive entries
+    per (prompt, layer), summing to 1; `logits` the (noisy when training) router logits they came from."""
+
+    gates: torch.Tensor
+    logits: torch.Tensor
+
+
+class LoRAGenerator(nn.Module):
+    """Meta tokens, per-layer routers and the LoRA expert pool of LoRA-Gen (the trainable part; cloud and edge are
+    frozen).
+
+    g_l = Softmax(KeepTopK(W_r,l m_l + eps * Softplus(W_noise,l m_l), k)),  m_l = Attn(q_l, LN(H_cloud)) + P z
+    Delta W_{l,t} = (alpha / r) sum_i g_{l,i} B_{l,t,i} A_{l,t,i}   for every target module t of edge block l.
+
+    Args:
+        cloud_dim (`int`): hidden size of the cloud LM.
+        shapes (`dict[str, tuple[int, int]]`): ``{edge module name: (out_features, in_features)}`` (`target_modules`).
+        n_experts (`int`, defaults to 8): experts per edge block.
+        rank (`int`, defaults to 4): rank r of every expert.
+        top_k (`int`, defaults to 2): experts kept per block (KeepTopK).
+        alpha (`float`, defaults to 8.0): LoRA alpha; the update is scaled by alpha / r.
+        attn_dim (`int`, defaults to 64): width of the meta tokens and of the cross-attention.
+        seed (`int`, defaults to 0): initialisation seed.
+    """
+
+    def __init__(
+        self,
+        cloud_dim: int,
+        shapes: dict[str, tuple[int, int]],
+        *,
+        n_experts: int = 8,
+        rank: int = 4,
+        top_k: int = 2,
+        alpha: float = 8.0,
+        attn_dim: int = 64,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k must be in [1, n_experts={n_experts}], got {top_k}")
+        if rank < 1:
+            raise ValueError(f"rank must be >= 1, got {rank}")
+        if not shapes:
+            raise ValueError("shapes must name at least one edge module")
+        self.module_names = list(shapes)
+        self.layer_ids = sorted({_layer_of(n) for n in self.module_names})
+        self.module_layer = [self.layer_ids.index(_layer_of(n)) for n in self.module_names]
+        self.n_experts, self.rank, self.top_k, self.alpha = n_experts, rank, top_k, float(alpha)
+        self.scale = self.alpha / rank
+        n_layers = len(self.layer_ids)
+        gen = torch.Generator().manual_seed(seed)
+        # experts: A like peft's kaiming-uniform init, B = 0 (every generated Delta W starts at 0)
+        self.A = nn.ParameterList()
+        self.B = nn.ParameterList()
+        for name in self.module_names:
+            out_f, in_f = shapes[name]
+            bound = 1.0 / math.sqrt(in_f)
+            self.A.append(nn.Parameter((torch.rand(n_experts, rank, in_f, generator=gen) * 2 - 1) * bound))
+            self.B.append(nn.Parameter(torch.zeros(n_experts, out_f, rank)))
+        self.cloud_norm = nn.LayerNorm(cloud_dim, elementwise_affine=False)
+        self.meta_queries = nn.Parameter(torch.randn(n_layers, attn_dim, generator=gen) / math.sqrt(attn_dim))
+        self.k_proj = nn.Linear(cloud_dim, attn_dim, bias=False)
+        self.v_proj = nn.Linear(cloud_dim, attn_dim, bias=False)
+        with torch.no_grad():
+            for lin in (self.k_proj, self.v_proj):
+                lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen) / math.sqrt(cloud_dim))
+        # a summary of the whole prompt, standardised with fixed statistics of the training prompts
+        # (`set_cloud_stats`): the prompts of different tasks share most tokens, so their raw mean states differ
+        # only slightly
+        self.pool_proj = nn.Linear(cloud_dim, attn_dim, bias=False)
+        with torch.no_grad():
+            self.pool_proj.weight.copy_(torch.randn(self.pool_proj.weight.shape, generator=gen) / math.sqrt(cloud_dim))
+        self.register_buffer("cloud_mean", torch.zeros(cloud_dim))
+        self.register_buffer("cloud_std", torch.ones(cloud_dim))
+        self.router = nn.Parameter(torch.randn(n_layers, attn_dim, n_experts, generator=gen) / math.sqrt(attn_dim))
+        self.noise = nn.Parameter(torch.zeros(n_layers, attn_dim, n_experts))  # Shazeer: W_noise starts at 0
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layer_ids)
+
+    @staticmethod
+    def pooled(cloud_states: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Masked mean of the cloud states over the prompt: (batch, T, d) -> (batch, d)."""
+        if mask is None:
+            return cloud_states.mean(1)
+        w = mask.to(cloud_states.dtype)[..., None]
+        return (cloud_states * w).sum(1) / w.sum(1).clamp_min(1.0)
+
+    @torch.no_grad()
+    def set_cloud_stats(self, cloud_states: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Fix the per-feature mean / std of the pooled prompt states (from the training prompts only)."""
+        p = self.pooled(cloud_states, mask)
+        self.cloud_mean.copy_(p.mean(0))
+        self.cloud_std.copy_(p.std(0, unbiased=False).clamp_min(1e-4) if p.shape[0] > 1 else torch.ones_like(p[0]))
+
+    def meta_tokens(self, cloud_states: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """m_l = softmax(q_l K^T / sqrt(d)) V + P z over the cloud states: (batch, T, cloud_dim) -> (batch, L, d).
+
+        z is the prompt's pooled state standardised by `set_cloud_stats`.
+        """
+        h = self.cloud_norm(cloud_states)
+        k, v = self.k_proj(h), self.v_proj(h)  # (batch, T, d)
+        scores = torch.einsum("ld,btd->blt", self.meta_queries, k) / math.sqrt(k.shape[-1])
+        if mask is not None:
+            scores = scores.masked_fill(~mask.bool()[:, None, :], float("-inf"))
+        z = (self.pooled(cloud_states, mask) - self.cloud_mean) / self.cloud_std
+        return torch.einsum("blt,btd->bld", scores.softmax(-1), v) + self.pool_proj(z)[:, None, :]
+
+    def gate(
+        self,
+        cloud_states: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        noisy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> GateOutput:
+        """Noisy top-k gating (Shazeer et al., 2017) per edge layer: `GateOutput` with gates (batch, n_layers, n)."""
+        m = self.meta_tokens(cloud_states, mask)
+        logits = torch.einsum("bld,ldn->bln", m, self.router)
+        if noisy:
+            std = F.softplus(torch.einsum("bld,ldn->bln", m, self.noise))
+            eps = torch.randn(logits.shape, generator=generator, dtype=logits.dtype)
+            logits = logits + eps * std
+        return GateOutput(keep_top_k_softmax(logits, self.top_k), logits)
+
+    def deltas(self, gates: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{module name: Delta W (out, in)}`` for ONE task's gates (n_layers, n_experts)."""
+        if gates.shape != (self.n_layers, self.n_experts):
+            raise ValueError(f"gates must have shape ({self.n_layers}, {self.n_experts}), got {tuple(gates.shape)}")
+        out = {}
+        for j, name in enumerate(self.module_names):
+            g = gates[self.module_layer[j]]
+            out[name] = self.scale * torch.einsum("n,nor,nri->oi", g, self.B[j], self.A[j])
+        return out
+
+    def lora_output(self, j: int, x: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+        """The unmerged LoRA branch of module j: (alpha/r) sum_i g_{b,i} B_i A_i x_b for per-example gates (batch, n).
+
+        x: (batch, T, in) -> (batch, T, out). Equal to x @ Delta W^T of `deltas` for that example's task.
+        """
+        n, r = self.n_experts, self.rank
+        a = self.A[j].reshape(n * r, -1)  # (n r, in): all experts' A stacked
+        b = self.B[j].permute(1, 0, 2).reshape(-1, n * r)  # (out, n r): all experts' B side by side
+        u = F.linear(x, a).unflatten(-1, (n, r)) * gates[:, None, :, None]  # (batch, T, n, r), gated per expert
+        return self.scale * F.linear(u.flatten(-2), b)
+
+    def balance_loss(self, gates: torch.Tensor) -> torch.Tensor:
+        """CV^2 of expert importance (sum of gates over the batch), averaged over layers (Shazeer et al., 2017)."""
+        importance = gates.sum(0)  # (n_layers, n)
+        mean = importance.mean(-1)
+        var = importance.var(-1, unbiased=False)
+        return (var / (mean**2 + 1e-10)).mean()
+
+    def n_trainable(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def expert_parameters(self) -> int:
+        return sum(p.numel() for p in list(self.A) + list(self.B))
+
+
+def keep_top_k_softmax(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Softmax(KeepTopK(logits, k)) over the last dim: the k largest logits keep their value, the rest -inf."""
+    if not 1 <= k <= logits.shape[-1]:
+        raise ValueError(f"k must be in [1, {logits.shape[-1]}], got {k}")
+    vals, idx = logits.topk(k, dim=-1)
+    kept = torch.full_like(logits, float("-inf")).scatter(-1, idx, vals)
+    return kept.softmax(-1)
+
+
+# -- merging -------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def merge_deltas(model: Any, deltas: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """W <- W + Delta W in place (reparameterisation); returns the original weights for an exact `unmerge`."""
+    originals = {}
+    for name, delta in deltas.items():
+        lin = model.get_submodule(name)
+        if tuple(delta.shape) != tuple(lin.weight.shape):
+            raise ValueError(f"delta for {name} has shape {tuple(delta.shape)}, weight {tuple(lin.weight.shape)}")
+        originals[name] = lin.weight.detach().clone()
+        lin.weight.add_(delta.to(lin.weight.dtype))
+    return originals
+
+
+@torch.no_grad()
+def unmerge(model: Any, originals: dict[str, torch.Tensor]) -> None:
+    """Restore the weights saved by `merge_deltas` (bit for bit)."""
+    for name, weight in originals.items():
+        model.get_submodule(name).weight.copy_(weight)
+
+
+def selected_experts(gates: torch.Tensor, k: int) -> torch.Tensor:
+    """(n_layers, k) expert indices to export: the positive gates (top-k), or the first k when a layer's are all 0."""
+    return gates.topk(k, dim=-1).indices.sort(-1).values
+
+
+@torch.no_grad()
+def export_peft(model: Any, generator: LoRAGenerator, gates: torch.Tensor, *, adapter_name: str = "lora_gen") -> Any:
+    """Wrap `model` (modified in place) in a peft `PeftModel` holding the generated LoRA as one rank-(k r) adapter.
+
+    Per target module: lora_A = [A_i1; ...; A_ik] (k r, in), lora_B = [g_i1 B_i1 ... g_ik B_ik] (out, k r), with
+    lora_alpha = alpha k so peft's scaling lora_alpha / (k r) equals alpha / r: B_cat A_cat = sum_i g_i B_i A_i,
+    peft's ``"cat"`` combination. ``.merge_and_unload()`` then gives the plain merged edge model, ``.unload()`` the
+    base model back; ``.merge_adapter()`` / ``.unmerge_adapter()`` toggle it.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    k, r = generator.top_k, generator.rank
+    targets = sorted({n.split(".")[-1] for n in generator.module_names})
+    config = LoraConfig(
+        r=k * r,
+        lora_alpha=generator.alpha * k,
+        target_modules=targets,
+        layers_to_transform=list(generator.layer_ids),
+        lora_dropout=0.0,
+        bias="none",
+        init_lora_weights=False,
+    )
+    peft_model = get_peft_model(model, config, adapter_name=adapter_name)
+    chosen = selected_experts(gates, k)
+    for j, name in enumerate(generator.module_names):
+        layer = generator.module_layer[j]
+        idx = chosen[layer]
+        a_cat = generator.A[j][idx].reshape(k * r, -1)  # (k r, in)
+        b_cat = (generator.B[j][idx] * gates[layer, idx][:, None, None]).permute(1, 0, 2).reshape(-1, k * r)
+        lora = peft_model.base_model.model.get_submodule(name)
+        lora.lora_A[adapter_name].weight.copy_(a_cat)
+        lora.lora_B[adapter_name].weight.copy_(b_cat)
+    return peft_model
+
+
+class MixtureHooks:
+    """Forward hooks adding the unmerged, per-example LoRA-Gen branch to the edge's target modules (for training).
+
+    Set ``hooks.gates`` (batch, n_layers, n_experts) before each forward; use as a context manager.
+    """
+
+    def __init__(self, model: Any, generator: LoRAGenerator) -> None:
+        self.model, self.generator = model, generator
+        self.gates: torch.Tensor | None = None
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> MixtureHooks:
+        for j, name in enumerate(self.generator.module_names):
+            self._handles.append(self.model.get_submodule(name).register_forward_hook(self._hook(j)))
+        return self
+
+    def _hook(self, j: int) -> Callable[..., torch.Tensor]:
+        layer = self.generator.module_layer[j]
+
+        def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
+            if self.gates is None:
+                return output
+            return output + self.generator.lora_output(j, inputs[0], self.gates[:, layer])
+
+        return hook
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+# -- the cloud side ------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def encode_cloud(cloud: Any, tokenizer: Any, texts: Sequence[str], *, batch_size: int = 8) -> tuple[torch.Tensor, ...]:
+    """Last-layer hidden states of the frozen cloud LM over each system prompt: (N, T, d) and its mask (N, T).
+
+    Runs the decoder stack only (no LM head: Gemma-3's 262k-word head would dominate the cost).
+    """
+    base = _base(cloud)
+    rows = [tokenizer(t)["input_ids"] for t in texts]
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    states, masks = [], []
+    for i in range(0, len(rows), batch_size):
+        chunk = rows[i : i + batch_size]
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for b, r in enumerate(chunk):
+            ids[b, : len(r)] = torch.tensor(r)
+            mask[b, : len(r)] = 1
+        out = base(input_ids=ids, attention_mask=mask, use_cache=False)
+        states.append(out.last_hidden_state.float())
+        masks.append(mask.bool())
+    return torch.cat(states), torch.cat(masks)
+
+
+# -- the edge side: trunk caching and teacher-forced scoring ----------------------------------------------------
+
+
+class _Stop(Exception):
+    pass
+
+
+@dataclass
+class Packed:
+    """Right-padded sequences prompt + answer + terminator, and the positions that predict answer tokens.
+
+    ids (N, T); `pos_b`, `pos_t`: flat indices of the predicting positions; `target`: the token each predicts; `row`:
+    which example each belongs to; `is_stop`: True at the terminator position (the one after the answer).
+    """
+
+    ids: torch.Tensor
+    pos_b: torch.Tensor
+    pos_t: torch.Tensor
+    target: torch.Tensor
+    is_stop: torch.Tensor
+    prompt_len: list[int] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return self.ids.shape[0]
+
+    def subset(self, rows: Sequence[int]) -> Packed:
+        rows_t = torch.as_tensor(list(rows), dtype=torch.long)
+        remap = torch.full((self.n,), -1, dtype=torch.long)
+        remap[rows_t] = torch.arange(len(rows_t))
+        keep = remap[self.pos_b] >= 0
+        return Packed(
+            self.ids[rows_t],
+            remap[self.pos_b[keep]],
+            self.pos_t[keep],
+            self.target[keep],
+            self.is_stop[keep],
+            [self.prompt_len[r] for r in rows],
+        )
+
+
+def pack(examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, stop_id: int) -> Packed:
+    """Pack (prompt ids, answer ids) pairs as prompt + answer + [stop_id], right-padded with `pad_id`."""
+    seqs = [list(p) + list(a) + [stop_id] for p, a in examples]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    pb, pt, tg, st = [], [], [], []
+    for b, ((p, a), s) in enumerate(zip(examples, seqs)):
+        if not p:
+            raise ValueError("every prompt needs at least one token")
+        ids[b, : len(s)] = torch.tensor(s)
+        for j in range(len(a) + 1):
+            pb.append(b)
+            pt.append(len(p) - 1 + j)
+            tg.append(s[len(p) + j])
+            st.append(j == len(a))
+    return Packed(
+        ids,
+        torch.tensor(pb),
+        torch.tensor(pt),
+        torch.tensor(tg),
+        torch.tensor(st, dtype=torch.bool),
+        [len(p) for p, _ in examples],
+    )
+
+
+class EdgeTop:
+    """Run an edge LM split at block `start`: the bottom blocks once (cached), the top blocks and head many times.
+
+    Args:
+        model: a llama-style causal LM (``model.model.layers``, ``model.model.norm``, output embeddings).
+        n_top (`int`): number of top blocks (those that carry LoRA); ``start = n_layers - n_top``.
+    """
+
+    def __init__(self, model: Any, n_top: int) -> None:
+        self.model = model
+        self.layers = decoder_layers(model)
+        self.top_ids = top_layer_ids(model, n_top)
+        self.start = self.top_ids[0]
+        self._kwargs: dict[int, list[dict[str, Any]]] = {}
+
+    @torch.no_grad()
+    def trunk(self, ids: torch.Tensor, *, batch_size: int = 32) -> torch.Tensor:
+        """Hidden states entering block `start` for right-padded `ids` (N, T) -> (N, T, d)."""
+        box: list[torch.Tensor] = []
+
+        def grab(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            box.append((args[0] if args else kwargs["hidden_states"]).detach())
+            raise _Stop  # the blocks above `start` are not needed
+
+        handle = self.layers[self.start].register_forward_pre_hook(grab, with_kwargs=True)
+        try:
+            for i in range(0, ids.shape[0], batch_size):
+                try:
+                    _base(self.model)(input_ids=ids[i : i + batch_size], use_cache=False)
+                except _Stop:
+                    pass
+        finally:
+            handle.remove()
+        return torch.cat(box)
+
+    @torch.no_grad()
+    def layer_kwargs(self, width: int) -> list[dict[str, Any]]:
+        """The keyword arguments (mask, rotary embeddings, positions) each top block gets at sequence length `width`,
+        captured from a batch-1 forward (they broadcast over any batch of right-padded sequences)."""
+        if width not in self._kwargs:
+            captured: dict[int, dict[str, Any]] = {}
+
+            def make(i: int) -> Callable[..., None]:
+                def grab(module: nn.Module, args: tuple, kwargs: dict) -> None:
+                    captured[i] = {k: v for k, v in kwargs.items() if k not in ("hidden_states", "cache")}
+
+                return grab
+
+            handles = [self.layers[i].register_forward_pre_hook(make(i), with_kwargs=True) for i in self.top_ids]
+            try:
+                _base(self.model)(input_ids=torch.zeros((1, width), dtype=torch.long), use_cache=False)
+            finally:
+                for h in handles:
+                    h.remove()
+            self._kwargs[width] = [captured[i] for i in self.top_ids]
+        return self._kwargs[width]
+
+    def top(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Top blocks + final norm: (B, T, d) -> (B, T, d)."""
+        h = hidden
+        for i, kw in zip(self.top_ids, self.layer_kwargs(hidden.shape[1])):
+            h = self.layers[i](h, **kw)
+            if isinstance(h, tuple):
+                h = h[0]
+        return _base(self.model).norm(h)
+
+    def answer_logits(self, hidden: torch.Tensor, packed: Packed) -> torch.Tensor:
+        """Logits at the answer-predicting positions of `packed` (M, vocab), from cached `hidden` (N, T, d)."""
+        h = self.top(hidden)
+        return self.model.get_output_embeddings()(h[packed.pos_b, packed.pos_t])
+
+
+def answer_loss(logits: torch.Tensor, packed: Packed) -> torch.Tensor:
+    """Mean cross-entropy of the answer tokens (and the terminator) over all predicted positions."""
+    return F.cross_entropy(logits.float(), packed.target)
+
+
+@dataclass
+class Scores:
+    """Per-example greedy exact match (1.0 / 0.0) and answer NLL (nats per answer token), and the argmax tokens."""
+
+    exact: list[float]
+    nll: list[float]
+    predicted: list[list[int]]
+
+
+def score_logits(logits: torch.Tensor, packed: Packed, stop_ids: set[int]) -> Scores:
+    """Greedy exact match: every answer token is the argmax and the argmax after the answer is a stop token.
+
+    Equivalent to greedy decoding producing exactly the answer and then stopping (lm-eval's ``is_greedy`` plus a
+    stop check), computed in one teacher-forced pass.
+    """
+    pred = logits.argmax(-1)
+    logp = torch.log_softmax(logits.float(), -1)
+    tok_nll = -logp.gather(-1, packed.target[:, None])[:, 0]
+    stop = torch.tensor([int(p) in stop_ids for p in pred.tolist()], dtype=torch.bool)
+    ok = torch.where(packed.is_stop, stop, pred == packed.target)
+    n = packed.n
+    exact = [1.0] * n
+    nll_sum, count = [0.0] * n, [0] * n
+    predicted: list[list[int]] = [[] for _ in range(n)]
+    for b, good, is_stop, v, p in zip(
+        packed.pos_b.tolist(), ok.tolist(), packed.is_stop.tolist(), tok_nll.tolist(), pred.tolist()
+    ):
+        if not good:
+            exact[b] = 0.0
+        if not is_stop:
+            nll_sum[b] += v
+            count[b] += 1
+            predicted[b].append(p)
+    return Scores(exact, [s / max(c, 1) for s, c in zip(nll_sum, count)], predicted)
+
+
+@torch.no_grad()
+def score_top(top: EdgeTop, hidden: torch.Tensor, packed: Packed, stop_ids: set[int], *, chunk: int = 64) -> Scores:
+    """`score_logits` for the edge model as it is now (merged weights, hooks or peft layers), from cached trunks."""
+    parts = []
+    for i in range(0, packed.n, chunk):
+        rows = list(range(i, min(packed.n, i + chunk)))
+        sub = packed.subset(rows)
+        parts.append(score_logits(top.answer_logits(hidden[rows], sub), sub, stop_ids))
+    return Scores(
+        [x for p in parts for x in p.exact], [x for p in parts for x in p.nll], [x for p in parts for x in p.predicted]
+    )
+
+
+@torch.no_grad()
+def score_with_prefix(
+    model: Any, prefix: Sequence[int], packed: Packed, stop_ids: set[int], *, chunk: int = 32
+) -> Scores:
+    """`score_logits` for prompts that all start with the same `prefix` (the system prompt in context): the prefix
+    is run once per chunk and its KV cache shared, the rows of `packed` continue it (their positions shift by it)."""
+    pre = torch.tensor([list(prefix)], dtype=torch.long)
+    parts = []
+    for i in range(0, packed.n, chunk):
+        rows = list(range(i, min(packed.n, i + chunk)))
+        sub = packed.subset(rows)
+        out = model(input_ids=pre, use_cache=True)
+        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+        cache.batch_repeat_interleave(len(rows))
+        logits = model(input_ids=sub.ids, cache=cache, use_cache=True).logits
+        parts.append(score_logits(logits[sub.pos_b, sub.pos_t], sub, stop_ids))
+    return Scores(
+        [x for p in parts for x in p.exact], [x for p in parts for x in p.nll], [x for p in parts for x in p.predicted]
+    )
+
+
+def stop_token_ids(tokenizer: Any) -> set[int]:
+    """Tokens that end an answer: EOS and every token whose text starts with a newline."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    for tok, i in tokenizer.get_vocab().items():
+        text = tokenizer.convert_tokens_to_string([tok])
+        if text.startswith("\n"):
+            ids.add(int(i))
+    return ids
+
+
+# -- training ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainLog:
+    """Loss per step (answer cross-entropy, and the balance term for LoRA-Gen), wall seconds."""
+
+    loss: list[float] = field(default_factory=list)
+    balance: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def sample_step(
+    task_of: Sequence[int], tasks: Sequence[int], tasks_per_step: int, per_task: int, rng: random.Random
+) -> list[tuple[int, list[int]]]:
+    """One step's batch: `tasks_per_step` distinct tasks, each with `per_task` of its examples (with replacement
+    only when it has fewer)."""
+    by_task: dict[int, list[int]] = {}
+    for i, t in enumerate(task_of):
+        by_task.setdefault(t, []).append(i)
+    pool = [t for t in tasks if by_task.get(t)]
+    chosen = rng.sample(pool, min(tasks_per_step, len(pool)))
+    out = []
+    for t in chosen:
+        rows = by_task[t]
+        pick = rng.sample(rows, per_task) if len(rows) >= per_task else [rng.choice(rows) for _ in range(per_task)]
+        out.append((t, pick))
+    return out
+
+
+def train_generator(
+    generator: LoRAGenerator,
+    top: EdgeTop,
+    hidden: torch.Tensor,
+    packed: Packed,
+    task_of: Sequence[int],
+    cloud_states: torch.Tensor,
+    cloud_mask: torch.Tensor,
+    prompts_of_task: dict[int, list[int]],
+    *,
+    steps: int,
+    tasks_per_step: int,
+    per_task: int,
+    lr: float,
+    balance_weight: float,
+    noisy: bool = True,
+    seed: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
+) -> TrainLog:
+    """Fit the generator end to end through the frozen edge top blocks (answer cross-entropy + w CV^2 balance).
+
+    Each step samples tasks, one cached cloud encoding of each task's system prompt (its prompt variants differ in
+    their few-shot examples), and examples of those tasks; the gates of a task apply to its examples only.
+    """
+    import time
+
+    rng = random.Random(seed)  # the batch sampler: the same stream as `train_lora`'s, so both see the same batches
+    prompt_rng = random.Random(seed + 1)
+    noise_gen = torch.Generator().manual_seed(seed)
+    frozen = [p for p in top.model.parameters() if p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in generator.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    log = TrainLog()
+    t0 = time.perf_counter()
+    generator.train()
+    try:
+        with MixtureHooks(top.model, generator) as hooks:
+            for step in range(steps):
+                batch = sample_step(task_of, sorted(prompts_of_task), tasks_per_step, per_task, rng)
+                prompt_idx = [prompt_rng.choice(prompts_of_task[t]) for t, _ in batch]
+                g = generator.gate(cloud_states[prompt_idx], cloud_mask[prompt_idx], noisy=noisy, generator=noise_gen)
+                rows = [r for _, rs in batch for r in rs]
+                owner = torch.tensor([k for k, (_, rs) in enumerate(batch) for _ in rs])
+                hooks.gates = g.gates[owner]  # (batch, n_layers, n): each example gets its task's gates
+                sub = packed.subset(rows)
+                ce = answer_loss(top.answer_logits(hidden[rows], sub), sub)
+                bal = generator.balance_loss(g.gates)
+                loss = ce + balance_weight * bal
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                log.loss.append(float(ce.detach()))
+                log.balance.append(float(bal.detach()))
+                if on_step is not None:
+                    on_step(step, log.loss[-1])
+            hooks.gates = None
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+        generator.eval()
+    log.wall_s = time.perf_counter() - t0
+    return log
+
+
+def train_lora(
+    top: EdgeTop,
+    hidden: torch.Tensor,
+    packed: Packed,
+    task_of: Sequence[int],
+    tasks: Sequence[int],
+    *,
+    steps: int,
+    tasks_per_step: int,
+    per_task: int,
+    lr: float,
+    seed: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
+) -> TrainLog:
+    """Fit the LoRA parameters already on `top.model` (e.g. a peft model's) on the bare queries, with the same batch
+    sampler, steps and optimiser as `train_generator` (the conventional multi-task LoRA baseline)."""
+    import time
+
+    rng = random.Random(seed)
+    params = [p for n, p in top.model.named_parameters() if p.requires_grad and "lora_" in n]
+    if not params:
+        raise ValueError("the model has no trainable lora_ parameters (wrap it with peft first)")
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    log = TrainLog()
+    t0 = time.perf_counter()
+    top.model.train()
+    try:
+        for step in range(steps):
+            batch = sample_step(task_of, tasks, tasks_per_step, per_task, rng)
+            rows = [r for _, rs in batch for r in rs]
+            sub = packed.subset(rows)
+            loss = answer_loss(top.answer_logits(hidden[rows], sub), sub)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            log.loss.append(float(loss.detach()))
+            if on_step is not None:
+                on_step(step, log.loss[-1])
+    finally:
+        top.model.eval()
+    log.wall_s = time.perf_counter() - t0
+    return log
+
+
+def lora_params_per_rank(shapes: dict[str, tuple[int, int]]) -> int:
+    """Parameters of a rank-1 LoRA on these modules: sum of (in + out)."""
+    return sum(o + i for o, i in shapes.values())
+
+
+__all__ = [
+    "EdgeTop",
+    "GateOutput",
+    "LoRAGenerator",
+    "MixtureHooks",
+    "Packed",
+    "Scores",
+    "TrainLog",
+    "answer_loss",
+    "decoder_layers",
+    "encode_cloud",
+    "export_peft",
+    "keep_top_k_softmax",
+    "lora_params_per_rank",
+    "merge_deltas",
+    "pack",
+    "sample_step",
+    "score_logits",
+    "score_top",
+    "score_with_prefix",
+    "selected_experts",
+    "stop_token_ids",
+    "target_modules",
+    "top_layer_ids",
+    "train_generator",
+    "train_lora",
+    "unmerge",
+]

@@ -1,0 +1,308 @@
+"""Invariants of LoRA-Gen on the tiny random llama (edge) and gemma (cloud)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from lmlab.methods.compression.lora_gen import method as M
+from lmlab.methods.compression.lora_gen.tasks import build_tasks, system_prompt, task_names
+
+TARGETS = ["gate_proj", "up_proj", "down_proj"]
+PROMPTS = ["Given a word, reply with its first letter.\nplanet -> p\n", "Given a country, reply with its continent.\n"]
+
+
+@pytest.fixture()
+def edge(tiny_llama):
+    return copy.deepcopy(tiny_llama)  # private: weights are merged in place
+
+
+def _generator(model, *, n_experts=4, rank=2, top_k=2, seed=0, random_b=True):
+    mods = M.target_modules(model, M.top_layer_ids(model, 2), TARGETS)
+    gen = M.LoRAGenerator(
+        32, {n: tuple(m.weight.shape) for n, m in mods.items()}, n_experts=n_experts, rank=rank, top_k=top_k, seed=seed
+    )
+    if random_b:  # B starts at 0 (Delta W = 0); give it values so the equalities below are not trivially 0 = 0
+        g = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for b in gen.B:
+                b.copy_(torch.randn(b.shape, generator=g) * 0.1)
+    return gen
+
+
+def _cloud(batch=3, width=7, dim=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    states = torch.randn(batch, width, dim, generator=g)
+    mask = torch.ones(batch, width, dtype=torch.bool)
+    mask[0, 5:] = False
+    return states, mask
+
+
+def _weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_keep_top_k_softmax_sums_to_one_with_exactly_k_entries():
+    logits = torch.randn(5, 3, 8, generator=torch.Generator().manual_seed(0))
+    for k in (1, 2, 8):
+        g = M.keep_top_k_softmax(logits, k)
+        assert torch.allclose(g.sum(-1), torch.ones(5, 3))
+        assert (g.gt(0).sum(-1) == k).all()
+        # the kept entries are the k largest logits, and their ratio is exp(logit difference) (a softmax over them)
+        kept = g.gt(0)
+        assert (
+            logits.masked_fill(~kept, float("inf")).amin(-1) >= logits.masked_fill(kept, -float("inf")).amax(-1)
+        ).all()
+    g = M.keep_top_k_softmax(torch.tensor([[0.0, 1.0, 3.0]]), 2)
+    assert torch.allclose(g, torch.tensor([[0.0, 1 / (1 + torch.e**2), torch.e**2 / (1 + torch.e**2)]]))
+    with pytest.raises(ValueError, match="k must be"):
+        M.keep_top_k_softmax(logits, 9)
+
+
+def test_generator_output_shapes_and_gate_properties(edge):
+    gen = _generator(edge, n_experts=4, rank=2, top_k=2)
+    states, mask = _cloud()
+    out = gen.gate(states, mask)
+    assert out.gates.shape == (3, 2, 4) and out.logits.shape == (3, 2, 4)
+    assert torch.allclose(out.gates.sum(-1), torch.ones(3, 2)) and (out.gates.gt(0).sum(-1) == 2).all()
+    deltas = gen.deltas(out.gates[0])
+    assert list(deltas) == gen.module_names and len(deltas) == 2 * len(TARGETS)
+    for name, d in deltas.items():
+        assert d.shape == edge.get_submodule(name).weight.shape
+    # noise only when training, and seeded
+    a = gen.gate(states, mask, noisy=True, generator=torch.Generator().manual_seed(3)).logits
+    b = gen.gate(states, mask, noisy=True, generator=torch.Generator().manual_seed(3)).logits
+    assert torch.equal(a, b) and not torch.equal(a, out.logits)
+    # padding is ignored: appending masked junk to a prompt does not change its gates
+    longer = torch.cat([states, torch.randn(3, 4, 32) * 50], 1)
+    longer_mask = torch.cat([mask, torch.zeros(3, 4, dtype=torch.bool)], 1)
+    assert torch.allclose(gen.gate(longer, longer_mask).gates, out.gates, atol=1e-6)
+    with pytest.raises(ValueError, match="gates must have shape"):
+        gen.deltas(out.gates)
+
+
+def test_zero_mixture_is_the_base_model_exactly(edge, tiny_tokenizer):
+    gen = _generator(edge)
+    ids = tiny_tokenizer("France -> Europe", return_tensors="pt").input_ids
+    before_w, before = _weights(edge), edge(ids).logits
+    originals = M.merge_deltas(edge, gen.deltas(torch.zeros(gen.n_layers, gen.n_experts)))
+    after_w = _weights(edge)
+    assert all(torch.equal(before_w[k], after_w[k]) for k in before_w)
+    assert torch.equal(edge(ids).logits, before)
+    M.unmerge(edge, originals)
+
+
+def test_merged_weights_are_base_plus_scaled_sum_of_expert_products(edge):
+    gen = _generator(edge, n_experts=4, rank=2, top_k=2)
+    gates = gen.gate(*_cloud()).gates[1]
+    base = _weights(edge)
+    originals = M.merge_deltas(edge, gen.deltas(gates))
+    for j, name in enumerate(gen.module_names):
+        layer = gen.module_layer[j]
+        expected = base[name + ".weight"].clone()
+        for i in range(gen.n_experts):  # W + (alpha / r) sum_i g_i B_i A_i, expert by expert
+            expected += gen.scale * gates[layer, i] * (gen.B[j][i] @ gen.A[j][i])
+        assert torch.allclose(edge.get_submodule(name).weight, expected, atol=1e-6)
+        # not the separately mixed (sum g_i B_i)(sum g_i A_i) (peft's "linear" combination)
+        wrong = (
+            gen.scale
+            * torch.einsum("n,nor->or", gates[layer], gen.B[j])
+            @ torch.einsum("n,nri->ri", gates[layer], gen.A[j])
+        )
+        assert not torch.allclose(edge.get_submodule(name).weight - base[name + ".weight"], wrong, atol=1e-6)
+    M.unmerge(edge, originals)
+
+
+def test_merge_then_unmerge_restores_weights_bit_for_bit(edge):
+    gen = _generator(edge)
+    base = _weights(edge)
+    gates = gen.gate(*_cloud()).gates
+    for t in range(3):  # several tasks in a row, as in the experiment's evaluation loop
+        originals = M.merge_deltas(edge, gen.deltas(gates[t]))
+        assert any(not torch.equal(base[n + ".weight"], edge.get_submodule(n).weight) for n in gen.module_names)
+        M.unmerge(edge, originals)
+    assert all(torch.equal(v, edge.state_dict()[k]) for k, v in base.items())
+
+
+def test_merged_forward_equals_unmerged_mixture_forward(edge, tiny_tokenizer):
+    gen = _generator(edge)
+    gates = gen.gate(*_cloud()).gates
+    ids = tiny_tokenizer(["planet -> p", "France -> [Europe]"], return_tensors="pt", padding=True).input_ids
+    with torch.no_grad(), M.MixtureHooks(edge, gen) as hooks:
+        hooks.gates = gates[:2]  # per-example gates: row 0 task 0, row 1 task 1
+        unmerged = edge(ids).logits
+    for row in range(2):
+        originals = M.merge_deltas(edge, gen.deltas(gates[row]))
+        with torch.no_grad():
+            merged = edge(ids[row : row + 1]).logits
+        M.unmerge(edge, originals)
+        assert torch.allclose(merged, unmerged[row : row + 1], atol=1e-4)
+
+
+def test_peft_cat_export_merges_to_the_same_weights_and_unloads(edge, tiny_tokenizer):
+    gen = _generator(edge)
+    gates = gen.gate(*_cloud()).gates[2]
+    base = _weights(edge)
+    peft_model = M.export_peft(copy.deepcopy(edge), gen, gates)
+    lora = peft_model.base_model.model.get_submodule(gen.module_names[0])
+    assert lora.r["lora_gen"] == gen.top_k * gen.rank and lora.scaling["lora_gen"] == pytest.approx(gen.scale)
+    ids = tiny_tokenizer("planet ->", return_tensors="pt").input_ids
+    with torch.no_grad():
+        unmerged_peft = peft_model(ids).logits
+        merged = peft_model.merge_and_unload()
+    originals = M.merge_deltas(edge, gen.deltas(gates))
+    for name in gen.module_names:
+        assert torch.allclose(merged.get_submodule(name).weight, edge.get_submodule(name).weight, atol=1e-6)
+    with torch.no_grad():
+        assert torch.allclose(edge(ids).logits, unmerged_peft, atol=1e-4)
+    M.unmerge(edge, originals)
+    # peft's merge/unmerge toggle gives the base weights back (within float tolerance)
+    again = M.export_peft(copy.deepcopy(edge), gen, gates)
+    again.merge_adapter()
+    again.unmerge_adapter()
+    restored = again.unload()
+    for name in gen.module_names:
+        assert torch.allclose(restored.get_submodule(name).weight, base[name + ".weight"], atol=1e-6)
+
+
+def test_merged_model_saves_as_an_hf_folder_that_load_model_reads(edge, tiny_tokenizer, tmp_path):
+    from lmlab.core.models import load_model, save_hf_folder
+
+    gen = _generator(edge)
+    gates = gen.gate(*_cloud()).gates[0]
+    merged = M.export_peft(copy.deepcopy(edge), gen, gates).merge_and_unload()
+    save_hf_folder(merged, tiny_tokenizer, tmp_path / "merged")
+    loaded, tok = load_model(str(tmp_path / "merged"), fresh=True)
+    ids = tok("planet ->", return_tensors="pt").input_ids
+    assert not any("lora" in k for k in loaded.state_dict())
+    for name in gen.module_names:  # the merged weights round-trip exactly
+        assert torch.equal(loaded.get_submodule(name).weight, merged.get_submodule(name).weight)
+    with torch.no_grad():  # (the folder loads with sdpa attention, the tiny model was built with eager)
+        assert torch.allclose(loaded(ids).logits, merged(ids).logits, atol=1e-4)
+
+
+def test_edge_top_on_cached_trunk_equals_the_full_forward(tiny_llama, tiny_tokenizer):
+    from lmlab.core.tiny import make_tiny_llama
+
+    model = make_tiny_llama(seed=1, n_layers=4)
+    pairs = [
+        (tiny_tokenizer("France ->")["input_ids"], tiny_tokenizer(" Europe", add_special_tokens=False)["input_ids"])
+    ]
+    pairs.append(
+        (tiny_tokenizer("planet ->")["input_ids"], tiny_tokenizer(" p", add_special_tokens=False)["input_ids"])
+    )
+    packed = M.pack(pairs, pad_id=0, stop_id=tiny_tokenizer("\n")["input_ids"][-1])
+    assert packed.target.tolist()[: len(pairs[0][1]) + 1] == pairs[0][1] + [packed.ids[0, len(sum(pairs[0], []))]]
+    top = M.EdgeTop(model, 2)
+    assert top.start == 2 and top.top_ids == [2, 3]
+    with torch.no_grad():
+        cached = top.answer_logits(top.trunk(packed.ids), packed)
+        full = model(packed.ids).logits[packed.pos_b, packed.pos_t]
+    assert torch.allclose(cached, full, atol=1e-4)
+    # the whole model as "top" (n_top >= layers) works too: the trunk is the embedding output
+    all_top = M.EdgeTop(model, 10)
+    with torch.no_grad():
+        assert torch.allclose(all_top.answer_logits(all_top.trunk(packed.ids), packed), full, atol=1e-4)
+
+
+def test_greedy_exact_match_and_prefix_scoring(tiny_llama, tiny_tokenizer):
+    stops = M.stop_token_ids(tiny_tokenizer)
+    newline = tiny_tokenizer("\n")["input_ids"][-1]
+    assert newline in stops and tiny_tokenizer.eos_token_id in stops
+    prefix = tiny_tokenizer("Reply with the first letter.\n")["input_ids"]
+    pairs = [(tiny_tokenizer("planet ->")["input_ids"], tiny_tokenizer(" p")["input_ids"])]
+    packed = M.pack(pairs, 0, newline)
+    joint = M.pack([(prefix + p, a) for p, a in pairs], 0, newline)
+    with torch.no_grad():
+        logits = tiny_llama(joint.ids).logits[joint.pos_b, joint.pos_t]
+        one_pass = M.score_logits(logits, joint, stops)
+        shared = M.score_with_prefix(tiny_llama, prefix, packed, stops)
+    assert shared.exact == one_pass.exact and shared.nll == pytest.approx(one_pass.nll, abs=1e-4)
+    # exact match is all-or-nothing: the argmax itself as the answer scores 1
+    pred = logits.argmax(-1)
+    forced = M.Packed(joint.ids, joint.pos_b, joint.pos_t, pred.clone(), joint.is_stop, joint.prompt_len)
+    forced.target[forced.is_stop] = newline
+    score = M.score_logits(logits, forced, stops | {int(pred[-1])})
+    assert score.exact == [1.0] and score.predicted == [pred[:-1].tolist()]
+
+
+def test_training_changes_the_trainable_parameters_and_only_them(edge, tiny_tokenizer, tiny_gemma):
+    gen = _generator(edge, random_b=False)
+    gen.cloud_norm = torch.nn.LayerNorm(32, elementwise_affine=False)
+    pairs = [
+        (tiny_tokenizer(q)["input_ids"], tiny_tokenizer(a, add_special_tokens=False)["input_ids"])
+        for q, a in [("planet ->", " p"), ("France ->", " Europe"), ("garden ->", " g"), ("Peru ->", " South America")]
+    ]
+    packed = M.pack(pairs, 0, tiny_tokenizer("\n")["input_ids"][-1])
+    top = M.EdgeTop(edge, 2)
+    hidden = top.trunk(packed.ids)
+    states, mask = _cloud(batch=2)
+    gen.set_cloud_stats(states, mask)
+    before, edge_before = {k: v.clone() for k, v in gen.state_dict().items()}, _weights(edge)
+    log = M.train_generator(
+        gen, top, hidden, packed, [0, 1, 0, 1], states, mask, {0: [0], 1: [1]},
+        steps=3, tasks_per_step=2, per_task=2, lr=1e-2, balance_weight=0.1,
+    )  # fmt: skip
+    assert len(log.loss) == 3 and all(torch.isfinite(torch.tensor(log.loss)))
+    changed = {k for k, v in gen.state_dict().items() if not torch.equal(v, before[k])}
+    assert {"B.0", "A.0", "router", "meta_queries", "k_proj.weight", "pool_proj.weight"} <= changed
+    assert not {"cloud_mean", "cloud_std"} & changed  # fixed statistics, not trained
+    assert all(torch.equal(v, edge.state_dict()[k]) for k, v in edge_before.items())  # the edge stays frozen
+    assert all(p.requires_grad for p in edge.parameters())  # and its flags are restored
+
+
+def test_balance_loss_penalises_collapse():
+    gen = M.LoRAGenerator(8, {"model.layers.0.mlp.up_proj": (4, 4)}, n_experts=4, rank=1, top_k=1)
+    uniform = torch.eye(4)[:, None, :]  # four tasks, one expert each
+    collapsed = torch.zeros(4, 1, 4)
+    collapsed[:, 0, 0] = 1.0
+    assert float(gen.balance_loss(uniform)) == pytest.approx(0.0) and float(gen.balance_loss(collapsed)) == 3.0
+
+
+def test_tasks_split_queries_and_hold_out_whole_tasks():
+    from lmlab import data
+
+    tasks = build_tasks(
+        lambda s, n, split, task: data.load(s, n, seed=0, split=split, task=task),
+        ["continent", "uppercase"],
+        ["plain", "upper", "bracket"],
+        ["continent/upper"],
+        n_train=6,
+        n_test=4,
+        n_shots=2,
+        n_variants=2,
+    )
+    assert [t.name for t in tasks] == task_names(["continent", "uppercase"], ["plain", "upper", "bracket"])
+    assert "uppercase/upper" not in [t.name for t in tasks]
+    for t in tasks:
+        assert {i.query for i in t.train}.isdisjoint({i.query for i in t.test})
+        assert t.seen == (t.name != "continent/upper") and len(t.prompts) == 2 and t.prompts[0] != t.prompts[1]
+        assert t.prompts[0].startswith(t.description) and t.prompts[0].endswith("\n")
+    bracket = next(t for t in tasks if t.name == "continent/bracket")
+    assert all(i.answer.startswith("[") and i.answer.endswith("]") for i in bracket.test)
+    # the bare query does not name the task: the same countries appear in every continent task
+    assert [i.query for i in tasks[0].test] == [i.query for i in bracket.test]
+    assert system_prompt("continent", "upper", []).count("\n") == 1
+    with pytest.raises(ValueError, match="unseen_tasks"):
+        build_tasks(lambda *a, **k: [], ["continent"], ["plain"], ["capital/plain"], n_train=1, n_test=1, n_shots=0,
+                    n_variants=1)  # fmt: skip
+
+
+def test_config_validation():
+    from lmlab.methods.compression.lora_gen.config import LoRAGenConfig
+
+    cfg = LoRAGenConfig()
+    assert cfg.n_experts == 8 and cfg.top_k == 2 and cfg.cloud_model == "gemma3-270m"
+    for kw, message in [
+        ({"top_k": 9}, "top_k"),
+        ({"rank": 0}, "rank"),
+        ({"relations": ["weather"]}, "relations"),
+        ({"unseen_tasks": ["capital/italic"]}, "unseen_tasks"),
+        ({"lr": 0.0}, "lr"),
+        ({"mode": "paper"}, "mode"),
+        ({"targets": []}, "targets"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            LoRAGenConfig(**kw)
