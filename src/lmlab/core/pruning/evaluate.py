@@ -76,6 +76,18 @@ def perplexity_from_nll(values: Sequence[float]) -> float:
     return math.exp(sum(values) / len(values))
 
 
+def record_perplexity(ctx: Any, system: str, values: Sequence[float], note: str = "") -> Any:
+    """Record per-window NLLs as ``nll`` (with its CI) and ``perplexity`` = exp(mean NLL) with CI = exp(NLL CI)."""
+    from lmlab.results import MetricRow
+
+    row = ctx.record(system, "nll", list(values), unit="nats", note=note or "mean next-token NLL per eval window")
+    lo = math.exp(row.ci_low) if row.ci_low is not None else None
+    hi = math.exp(row.ci_high) if row.ci_high is not None else None
+    ctx.metrics.append(MetricRow(system, "perplexity", math.exp(row.value), lo, hi, row.n, ctx.cfg.seed, "",
+                                 "exp(mean NLL); CI = exp(NLL CI)"))  # fmt: skip
+    return row
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # sparsity and saving
 
@@ -240,6 +252,7 @@ __all__ = [
     "latency_report",
     "model_sparsity",
     "perplexity_from_nll",
+    "record_perplexity",
     "save_pruned",
     "sparse_copy",
     "storage_report",

@@ -37,8 +37,9 @@ from lmlab.core.pruning import (
     token_stream,
     window_nll,
 )
+from lmlab.core.pruning.evaluate import record_perplexity
 from lmlab.methods.compression.atp.method import layer_sparsities, max_beta, search_beta
-from lmlab.results import Claim, MetricRow
+from lmlab.results import Claim
 
 
 def _cloze_items(ctx: Any, n: int, seed: int) -> list[tuple[str, list[str], int]]:
@@ -58,14 +59,6 @@ def _cloze_items(ctx: Any, n: int, seed: int) -> list[tuple[str, list[str], int]
         rng.shuffle(choices)
         items.append((e.prompt, [" " + c for c in choices], choices.index(e.target)))
     return items
-
-
-def _record_nll(ctx: Any, system: str, values: list[float]) -> None:
-    row = ctx.record(system, "nll", values, unit="nats", note="mean next-token NLL per test window")
-    lo = math.exp(row.ci_low) if row.ci_low is not None else None
-    hi = math.exp(row.ci_high) if row.ci_high is not None else None
-    ctx.metrics.append(MetricRow(system, "perplexity", math.exp(row.value), lo, hi, row.n, ctx.cfg.seed, "",
-                                 "exp(mean NLL); CI = exp(NLL CI)"))  # fmt: skip
 
 
 def run(cfg: Any, ctx: Any) -> Any:
@@ -93,7 +86,7 @@ def run(cfg: Any, ctx: Any) -> Any:
     cloze = _cloze_items(ctx, cfg.n_cloze, cfg.seed) if cfg.cloze else []
 
     test_nll: dict[str, list[float]] = {"dense": window_nll(model, test, batch_size=cfg.batch_size)}
-    _record_nll(ctx, "dense", test_nll["dense"])
+    record_perplexity(ctx, "dense", test_nll["dense"])
     if cloze:
         ctx.record("dense", "cloze_acc", choice_accuracy(model, tok, cloze), note="4-way capital cloze, 1 = correct")
     reports: dict[str, Any] = {}
@@ -112,7 +105,7 @@ def run(cfg: Any, ctx: Any) -> Any:
                          note="||h_L - h'_L||^2 / ||h_L||^2 vs the dense model (calibration)")  # fmt: skip
         if scored:
             test_nll[system] = window_nll(pm, test, batch_size=cfg.batch_size)
-            _record_nll(ctx, system, test_nll[system])
+            record_perplexity(ctx, system, test_nll[system])
             if cloze:
                 ctx.record(system, "cloze_acc", choice_accuracy(pm, tok, cloze), note="4-way capital cloze")
 

@@ -36,8 +36,9 @@ from lmlab.core.pruning import (
     token_stream,
     window_nll,
 )
+from lmlab.core.pruning.evaluate import record_perplexity
 from lmlab.methods.compression.maiht.method import reconstruction_error, solve
-from lmlab.results import Claim, MetricRow
+from lmlab.results import Claim
 
 BASELINES = ("magnitude", "wanda", "sparsegpt")
 
@@ -153,7 +154,7 @@ def _full_prune(cfg: Any, ctx: Any, model: Any, tok: Any, calib: Any, claims: li
                         cfg.n_test, cfg.seq_len)  # fmt: skip
     ctx.flag("data", {"calib": list(calib.shape), "test": list(test.shape), "splits": "corpus train / test"})
     nll = {"dense": window_nll(model, test, batch_size=cfg.batch_size)}
-    _record_nll(ctx, "dense", nll["dense"])
+    record_perplexity(ctx, "dense", nll["dense"])
     summary = []
     for s in cfg.sparsities:
         for pruner in (*BASELINES, "maiht"):
@@ -163,7 +164,7 @@ def _full_prune(cfg: Any, ctx: Any, model: Any, tok: Any, calib: Any, claims: li
                 if pruner == "maiht" else pruner  # fmt: skip
             report = prune_model(pm, calib, method=method, sparsity=s, batch_size=cfg.batch_size, track_dense=False)
             nll[system] = window_nll(pm, test, batch_size=cfg.batch_size)
-            _record_nll(ctx, system, nll[system])
+            record_perplexity(ctx, system, nll[system])
             ctx.record_value(system, "prune_time", report.seconds, unit="s")
             ctx.record_value(system, "measured_sparsity", report.sparsity, note=f"nominal {s:g}")
             ctx.record(system, "full_layer_rel_error", [r.rel_recon_error for r in report.layers],
@@ -182,11 +183,3 @@ def _full_prune(cfg: Any, ctx: Any, model: Any, tok: Any, calib: Any, claims: li
                              "expected at 135M)"))  # fmt: skip
     claims.append(Claim("nll", f"maiht_{top}", f"magnitude_{top}", "<", gate=False,
                         text=f"end to end: mAIHT below magnitude at {top[1:]}%"))  # fmt: skip
-
-
-def _record_nll(ctx: Any, system: str, values: list[float]) -> None:
-    row = ctx.record(system, "nll", values, unit="nats", note="mean next-token NLL per test window")
-    lo = math.exp(row.ci_low) if row.ci_low is not None else None
-    hi = math.exp(row.ci_high) if row.ci_high is not None else None
-    ctx.metrics.append(MetricRow(system, "perplexity", math.exp(row.value), lo, hi, row.n, ctx.cfg.seed, "",
-                                 "exp(mean NLL); CI = exp(NLL CI)"))  # fmt: skip

@@ -38,8 +38,8 @@ from lmlab.core.pruning import (
     token_stream,
     window_nll,
 )
-from lmlab.core.pruning.evaluate import csr_plan
-from lmlab.results import Claim, MetricRow
+from lmlab.core.pruning.evaluate import csr_plan, record_perplexity
+from lmlab.results import Claim
 
 ORDER = ("magnitude", "wanda", "sparsegpt")
 
@@ -47,25 +47,6 @@ ORDER = ("magnitude", "wanda", "sparsegpt")
 def system_name(method: str, structure: str, sparsity: float) -> str:
     """``wanda_s50`` (unstructured 50%) or ``wanda_2:4``."""
     return f"{method}_{structure}" if parse_mask_structure(structure) else f"{method}_s{round(sparsity * 100):d}"
-
-
-def _record_nll(ctx: Any, system: str, values: list[float], note: str = "") -> None:
-    row = ctx.record(system, "nll", values, unit="nats", note=note or "mean next-token NLL per eval window")
-    lo = math.exp(row.ci_low) if row.ci_low is not None else None
-    hi = math.exp(row.ci_high) if row.ci_high is not None else None
-    ctx.metrics.append(
-        MetricRow(
-            system,
-            "perplexity",
-            math.exp(row.value),
-            lo,
-            hi,
-            row.n,
-            ctx.cfg.seed,
-            "",
-            "exp(mean NLL); CI = exp(NLL CI)",
-        )
-    )
 
 
 def _semi_structured_probe() -> str:
@@ -102,7 +83,7 @@ def run_pruning_experiment(cfg: Any, ctx: Any, headline: str) -> Any:
     )
 
     dense_nll = window_nll(model, evalw, batch_size=cfg.batch_size)
-    _record_nll(ctx, "dense", dense_nll)
+    record_perplexity(ctx, "dense", dense_nll)
     nlls: dict[str, list[float]] = {"dense": dense_nll}
 
     pruners = [headline] + [p for p in ORDER if p in cfg.baselines and p != headline]
@@ -130,7 +111,7 @@ def run_pruning_experiment(cfg: Any, ctx: Any, headline: str) -> Any:
             reports[system] = report
             values = window_nll(pm, evalw, batch_size=cfg.batch_size)
             nlls[system] = values
-            _record_nll(ctx, system, values)
+            record_perplexity(ctx, system, values)
             ctx.record(
                 system,
                 "layer_rel_error",
