@@ -86,6 +86,10 @@ def test_register_rejects_bad_ids_and_duplicates():
         register_method(MethodSpec(id="ok_id", **{**base, "area": "nowhere"}))
     with pytest.raises(ValueError, match="already a method called 'reflection_window'"):
         register_method(MethodSpec(id="reflection_window", **base, module="somewhere.else"))
+    # a second folder with the same id: its package is read from its config path
+    with pytest.raises(ValueError, match="already a method called 'rsd'"):
+        register_method(MethodSpec(id="rsd", **{**base, "config": "lmlab.methods.decoding.other.config:C"}))
+    assert get_method("rsd").module == "lmlab.methods.decoding.rsd"
 
 
 def test_unknown_id_suggests_close_matches():
@@ -113,3 +117,24 @@ def test_readme_paper_links_match_specs():
     for spec in list_methods():
         text = spec.readme.read_text()
         assert re.search(re.escape(spec.paper_url.split("//")[1]), text), f"{spec.id} README lacks its paper link"
+
+
+def test_lazy_exports_load_on_first_use_and_reject_double_exports():
+    getattr_, names = registry.lazy_exports("lmlab.core", stats=("bootstrap_ci",), reporting=("fmt",))
+    assert names == ("bootstrap_ci", "fmt")
+    from lmlab.core import stats
+
+    assert getattr_("bootstrap_ci") is stats.bootstrap_ci
+    with pytest.raises(AttributeError, match="no_such_name"):
+        getattr_("no_such_name")
+    with pytest.raises(ValueError, match="'x' exported by both"):
+        registry.lazy_exports("pkg", a=("x",), b=("x",))
+
+
+def test_every_exported_name_of_every_method_resolves():
+    import importlib
+
+    for spec in list_methods():
+        package = importlib.import_module(spec.module)
+        for name in package.__all__:
+            assert getattr(package, name) is not None, f"{spec.module}.{name}"

@@ -10,10 +10,11 @@ and the folders in step.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,8 @@ def register_method(spec: MethodSpec) -> MethodSpec:
         raise ValueError(f"method id {spec.id!r} is not lower snake_case (expected e.g. 'reflection_window')")
     if spec.area not in AREAS:
         raise ValueError(f"method {spec.id!r} has area {spec.area!r}; expected one of {', '.join(AREAS)}")
+    if not spec.module:  # the package holding the config module: "lmlab.methods.decoding.rsd.config:X" -> "...rsd"
+        spec = dataclasses.replace(spec, module=spec.config.partition(":")[0].rpartition(".")[0])
     existing = _REGISTRY.get(spec.id)
     if existing is not None and existing.module != spec.module:
         raise ValueError(f"There is already a method called {spec.id!r} (in {existing.module})")
@@ -196,3 +199,31 @@ def load_attr(path: str) -> Any:
         return getattr(module, attr)
     except AttributeError:
         raise ImportError(f"{module_name} has no attribute {attr!r} (from {path!r})") from None
+
+
+def lazy_exports(package: str, **modules: tuple[str, ...]) -> tuple[Callable[[str], Any], tuple[str, ...]]:
+    """A module-level `__getattr__` for a method package that loads its submodules on first use.
+
+    A method's `__init__.py` must import no torch (so that `lmlab list` stays fast), yet users expect
+    ``from lmlab.methods.compression.wanda import wanda_prune``. Each keyword names a submodule of `package` and
+    the names it exports::
+
+        __getattr__, _LAZY = lazy_exports(__name__, method=("wanda_prune",), experiment=("helper",))
+        __all__ = ["SPEC", *_LAZY]
+
+    Returns:
+        (`__getattr__`, the exported names in the order given).
+    """
+    where: dict[str, str] = {}
+    for submodule, names in modules.items():
+        for name in names:
+            if name in where:
+                raise ValueError(f"{package}: {name!r} exported by both {where[name]!r} and {submodule!r}")
+            where[name] = submodule
+
+    def __getattr__(name: str) -> Any:
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{package}.{where[name]}"), name)
+
+    return __getattr__, tuple(where)

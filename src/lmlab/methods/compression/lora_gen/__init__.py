@@ -1,6 +1,6 @@
 """LoRA-Gen (Xiao et al., ICML 2025): a cloud LM generates a mergeable LoRA for an edge LM from a task description."""
 
-from lmlab.registry import MethodSpec, register_method
+from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(
     MethodSpec(
@@ -65,27 +65,21 @@ SPEC = register_method(
     )
 )
 
-_LAZY: tuple[str, ...] = (
-    "EdgeTop",
-    "LoRAGenerator",
-    "MixtureHooks",
-    "encode_cloud",
-    "export_peft",
-    "keep_top_k_softmax",
-    "merge_deltas",
-    "train_generator",
-    "train_lora",
-    "unmerge",
+# The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    method=(
+        "EdgeTop",
+        "LoRAGenerator",
+        "MixtureHooks",
+        "encode_cloud",
+        "export_peft",
+        "keep_top_k_softmax",
+        "merge_deltas",
+        "train_generator",
+        "train_lora",
+        "unmerge",
+    ),
 )
-
-
-def __getattr__(name: str):
-    # The algorithm imports torch; load it on first use so that `lmlab list` stays torch-free.
-    if name in _LAZY:
-        from lmlab.methods.compression.lora_gen import method
-
-        return getattr(method, name)
-    raise AttributeError(name)
-
 
 __all__ = ["SPEC", *_LAZY]

@@ -1,6 +1,6 @@
 """mAIHT (Wen, Zuo & Pan, ICML 2025): per-layer l0-penalised reconstruction by monotone accelerated IHT."""
 
-from lmlab.registry import MethodSpec, register_method
+from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(
     MethodSpec(
@@ -55,20 +55,18 @@ SPEC = register_method(
     )
 )
 
-_LAZY = ("solve", "SolveResult", "objective", "hard_threshold", "normalized_problem", "reconstruction_error")
+# The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    method=(
+        "solve",
+        "SolveResult",
+        "objective",
+        "hard_threshold",
+        "normalized_problem",
+        "reconstruction_error",
+    ),
+    experiment=("maiht_prune_fn",),
+)
 
-
-def __getattr__(name: str):
-    # The algorithm imports torch; load it on first use so that `lmlab list` stays torch-free.
-    if name in _LAZY:
-        from lmlab.methods.compression.maiht import method
-
-        return getattr(method, name)
-    if name == "maiht_prune_fn":
-        from lmlab.methods.compression.maiht.experiment import maiht_prune_fn
-
-        return maiht_prune_fn
-    raise AttributeError(name)
-
-
-__all__ = ["SPEC", *_LAZY, "maiht_prune_fn"]
+__all__ = ["SPEC", *_LAZY]

@@ -1,6 +1,6 @@
 """SparseGPT (Frantar & Alistarh, ICML 2023): one-shot OBS pruning with lazy column updates."""
 
-from lmlab.registry import MethodSpec, register_method
+from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(
     MethodSpec(
@@ -42,16 +42,13 @@ SPEC = register_method(
     )
 )
 
-_LAZY = ("sparsegpt_prune", "sparsegpt_prune_weight")
-
-
-def __getattr__(name: str):
-    # The algorithm imports torch; load it on first use so that `lmlab list` stays torch-free.
-    if name in _LAZY:
-        from lmlab.methods.compression.sparsegpt import method
-
-        return getattr(method, name)
-    raise AttributeError(name)
-
+# The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    method=(
+        "sparsegpt_prune",
+        "sparsegpt_prune_weight",
+    ),
+)
 
 __all__ = ["SPEC", *_LAZY]

@@ -1,6 +1,6 @@
 """Wanda (Sun et al., ICLR 2024): pruning by weights and activations, |W| * ||X||_2 per output row."""
 
-from lmlab.registry import MethodSpec, register_method
+from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(
     MethodSpec(
@@ -42,16 +42,15 @@ SPEC = register_method(
     )
 )
 
-_LAZY = ("wanda_prune", "magnitude_prune_model", "wanda_prune_weight", "wanda_scores")
-
-
-def __getattr__(name: str):
-    # The algorithm imports torch; load it on first use so that `lmlab list` stays torch-free.
-    if name in _LAZY:
-        from lmlab.methods.compression.wanda import method
-
-        return getattr(method, name)
-    raise AttributeError(name)
-
+# The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    method=(
+        "wanda_prune",
+        "magnitude_prune_model",
+        "wanda_prune_weight",
+        "wanda_scores",
+    ),
+)
 
 __all__ = ["SPEC", *_LAZY]

@@ -1,6 +1,6 @@
 """FaRMA (Rashid et al., ICML 2025): reward-guided text generation with one reward-model call per token."""
 
-from lmlab.registry import MethodSpec, register_method
+from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(
     MethodSpec(
@@ -63,36 +63,30 @@ SPEC = register_method(
     )
 )
 
-_LAZY = (
-    "ARGSLogitsProcessor",
-    "Generation",
-    "RewardGuidedLogitsProcessor",
-    "RewardInputs",
-    "ScalarRM",
-    "TrainLog",
-    "VChannelRM",
-    "best_of_n",
-    "body_hidden_states",
-    "bt_accuracy",
-    "bt_loss",
-    "generate_batch",
-    "max_constraint_loss",
-    "reward_inputs",
-    "score_responses",
-    "score_sequences",
-    "train_bt",
-    "train_farma_rm",
-    "train_max",
+# The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    method=(
+        "ARGSLogitsProcessor",
+        "Generation",
+        "RewardGuidedLogitsProcessor",
+        "RewardInputs",
+        "ScalarRM",
+        "TrainLog",
+        "VChannelRM",
+        "best_of_n",
+        "body_hidden_states",
+        "bt_accuracy",
+        "bt_loss",
+        "generate_batch",
+        "max_constraint_loss",
+        "reward_inputs",
+        "score_responses",
+        "score_sequences",
+        "train_bt",
+        "train_farma_rm",
+        "train_max",
+    ),
 )
-
-
-def __getattr__(name: str):
-    # The algorithm imports torch; load it on first use so that `lmlab list` stays torch-free.
-    if name in _LAZY:
-        from lmlab.methods.decoding.farma import method
-
-        return getattr(method, name)
-    raise AttributeError(name)
-
 
 __all__ = ["SPEC", *_LAZY]

@@ -1,6 +1,6 @@
 """Reasoning-as-Logic-Units (Li et al., ICML 2025): align a program's logic units with NL reasoning."""
 
-from lmlab.registry import MethodSpec, register_method
+from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(
     MethodSpec(
@@ -42,45 +42,44 @@ SPEC = register_method(
     )
 )
 
-_LAZY = {
-    "ralu_repair": "method",
-    "RaLUSession": "method",
-    "RaLUResult": "method",
-    "UnitTrace": "method",
-    "check_unit": "method",
-    "clean_spec": "method",
-    "confidence": "method",
-    "extract_block": "method",
-    "extract_core_chars": "method",
-    "reasoning_path": "method",
-    "step_units": "method",
-    "ChatBackend": "backends",
-    "ChatResponse": "backends",
-    "HFChatBackend": "backends",
-    "OpenAIChatBackend": "backends",
-    "OracleJudgeBackend": "backends",
-    "LogicUnit": "units",
-    "Program": "units",
-    "apply_fix": "units",
-    "apply_fixes": "units",
-    "cfg_units": "units",
-    "extract_units": "units",
-    "line_units": "units",
-    "whole_unit": "units",
-    "mutate_snippet": "mutations",
-    "unit_candidates": "mutations",
-    "injection_sites": "mutations",
-}
-
-
-def __getattr__(name: str):
-    # The modules import torch lazily themselves, but keep `lmlab list` from importing any of them.
-    if name in _LAZY:
-        import importlib
-
-        module = importlib.import_module(f"lmlab.methods.decoding.ralu.{_LAZY[name]}")
-        return getattr(module, name)
-    raise AttributeError(name)
-
+# Exported names load on first use, as in every method package (`lmlab list` imports only the specs).
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    method=(
+        "ralu_repair",
+        "RaLUSession",
+        "RaLUResult",
+        "UnitTrace",
+        "check_unit",
+        "clean_spec",
+        "confidence",
+        "extract_block",
+        "extract_core_chars",
+        "reasoning_path",
+        "step_units",
+    ),
+    backends=(
+        "ChatBackend",
+        "ChatResponse",
+        "HFChatBackend",
+        "OpenAIChatBackend",
+        "OracleJudgeBackend",
+    ),
+    units=(
+        "LogicUnit",
+        "Program",
+        "apply_fix",
+        "apply_fixes",
+        "cfg_units",
+        "extract_units",
+        "line_units",
+        "whole_unit",
+    ),
+    mutations=(
+        "mutate_snippet",
+        "unit_candidates",
+        "injection_sites",
+    ),
+)
 
 __all__ = ["SPEC", *_LAZY]

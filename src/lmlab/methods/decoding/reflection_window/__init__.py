@@ -1,6 +1,6 @@
 """Reflection-Window Decoding (Tang et al., ICML 2025): selective refinement of uncertain windows."""
 
-from lmlab.registry import MethodSpec, register_method
+from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(
     MethodSpec(
@@ -45,16 +45,15 @@ SPEC = register_method(
     )
 )
 
-_LAZY = ("RWOutput", "beam_refine_span", "reflection_window_generate", "should_pause")
-
-
-def __getattr__(name: str):
-    # The algorithm imports torch; load it on first use so that `lmlab list` stays torch-free.
-    if name in _LAZY:
-        from lmlab.methods.decoding.reflection_window import method
-
-        return getattr(method, name)
-    raise AttributeError(name)
-
+# The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    method=(
+        "RWOutput",
+        "beam_refine_span",
+        "reflection_window_generate",
+        "should_pause",
+    ),
+)
 
 __all__ = ["SPEC", *_LAZY]

@@ -1,6 +1,6 @@
 """Reward-Guided Speculative Decoding (Liao et al., ICML 2025): a PRM gates draft steps, the target fixes the rest."""
 
-from lmlab.registry import MethodSpec, register_method
+from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(
     MethodSpec(
@@ -54,26 +54,20 @@ SPEC = register_method(
     )
 )
 
-_LAZY = (
-    "ConstantOmega",
-    "RSDOutput",
-    "SoftOmega",
-    "StepCache",
-    "StepRecord",
-    "ThresholdOmega",
-    "match_soft_scale",
-    "rsd_generate",
-    "single_model_generate",
+# The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    method=(
+        "ConstantOmega",
+        "RSDOutput",
+        "SoftOmega",
+        "StepCache",
+        "StepRecord",
+        "ThresholdOmega",
+        "match_soft_scale",
+        "rsd_generate",
+        "single_model_generate",
+    ),
 )
-
-
-def __getattr__(name: str):
-    # The algorithm imports torch; load it on first use so that `lmlab list` stays torch-free.
-    if name in _LAZY:
-        from lmlab.methods.decoding.rsd import method
-
-        return getattr(method, name)
-    raise AttributeError(name)
-
 
 __all__ = ["SPEC", *_LAZY]

@@ -1,6 +1,6 @@
 """Speculative Search (Wang et al., ICML 2025): small-model thought drafts, PRM-gated, large-model corrections."""
 
-from lmlab.registry import MethodSpec, register_method
+from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(
     MethodSpec(
@@ -52,25 +52,19 @@ SPEC = register_method(
     )
 )
 
-_LAZY = (
-    "SearchResult",
-    "SpeculativeThoughtModel",
-    "ThoughtModel",
-    "beam_search",
-    "ema_update",
-    "select_top",
-    "spec_search",
-    "speculative_decode",
+# The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    method=(
+        "SearchResult",
+        "SpeculativeThoughtModel",
+        "ThoughtModel",
+        "beam_search",
+        "ema_update",
+        "select_top",
+        "spec_search",
+        "speculative_decode",
+    ),
 )
-
-
-def __getattr__(name: str):
-    # The algorithm imports torch; load it on first use so that `lmlab list` stays torch-free.
-    if name in _LAZY:
-        from lmlab.methods.decoding.spec_search import method
-
-        return getattr(method, name)
-    raise AttributeError(name)
-
 
 __all__ = ["SPEC", *_LAZY]

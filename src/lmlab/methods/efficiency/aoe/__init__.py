@@ -1,6 +1,6 @@
 """Autonomy-of-Experts (Lv et al., ICML 2025): router-free MoE, experts ranked by their own activation norm."""
 
-from lmlab.registry import MethodSpec, register_method
+from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(
     MethodSpec(
@@ -68,32 +68,26 @@ SPEC = register_method(
     )
 )
 
-_LAZY: tuple[str, ...] = (
-    "AoEMoE",
-    "DenseFFN",
-    "MoEfiedFFN",
-    "RouterMoE",
-    "aoe_d_wide_for_params",
-    "balance_stats",
-    "dense_mixture",
-    "fit_router",
-    "install_ffn",
-    "load_balancing_loss",
-    "moefy",
-    "set_rule",
-    "svd_low_rank_down",
-    "total_aux_loss",
-    "unmoefy",
+# The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    method=(
+        "AoEMoE",
+        "DenseFFN",
+        "MoEfiedFFN",
+        "RouterMoE",
+        "aoe_d_wide_for_params",
+        "balance_stats",
+        "dense_mixture",
+        "fit_router",
+        "install_ffn",
+        "load_balancing_loss",
+        "moefy",
+        "set_rule",
+        "svd_low_rank_down",
+        "total_aux_loss",
+        "unmoefy",
+    ),
 )
-
-
-def __getattr__(name: str):
-    # The algorithm imports torch; load it on first use so that `lmlab list` stays torch-free.
-    if name in _LAZY:
-        from lmlab.methods.efficiency.aoe import method
-
-        return getattr(method, name)
-    raise AttributeError(name)
-
 
 __all__ = ["SPEC", *_LAZY]

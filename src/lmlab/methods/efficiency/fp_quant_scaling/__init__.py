@@ -1,6 +1,6 @@
 """Scaling Laws for Floating-Point Quantization Training (Sun et al., ICML 2025): simulated ExMy training."""
 
-from lmlab.registry import MethodSpec, register_method
+from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(
     MethodSpec(
@@ -51,35 +51,29 @@ SPEC = register_method(
     )
 )
 
-_LAZY = (
-    "FPFormat",
-    "FPQuantLinear",
-    "fp_quantize",
-    "fp_values",
-    "fp_round",
-    "group_size",
-    "ste",
-    "precision_term",
-    "optimal_exponent_continuous",
-    "PrecisionFit",
-    "quantize_linears",
-    "unified_loss",
-    "critical_data_size",
-    "optimal_split",
-    "optimal_precision",
-    "fit_precision_term",
-    "fit_precision_term_free_offset",
-    "PAPER_CONSTANTS",
+# The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    method=(
+        "FPFormat",
+        "FPQuantLinear",
+        "fp_quantize",
+        "fp_values",
+        "fp_round",
+        "group_size",
+        "ste",
+        "precision_term",
+        "optimal_exponent_continuous",
+        "PrecisionFit",
+        "quantize_linears",
+        "unified_loss",
+        "critical_data_size",
+        "optimal_split",
+        "optimal_precision",
+        "fit_precision_term",
+        "fit_precision_term_free_offset",
+        "PAPER_CONSTANTS",
+    ),
 )
-
-
-def __getattr__(name: str):
-    # The algorithm imports torch; load it on first use so that `lmlab list` stays torch-free.
-    if name in _LAZY:
-        from lmlab.methods.efficiency.fp_quant_scaling import method
-
-        return getattr(method, name)
-    raise AttributeError(name)
-
 
 __all__ = ["SPEC", *_LAZY]

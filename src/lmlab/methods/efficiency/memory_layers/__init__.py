@@ -1,6 +1,6 @@
 """Memory Layers at Scale (Berges et al., ICML 2025): product-key memory layers with shared values (Memory+)."""
 
-from lmlab.registry import MethodSpec, register_method
+from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(
     MethodSpec(
@@ -51,27 +51,21 @@ SPEC = register_method(
     )
 )
 
-_LAZY: tuple[str, ...] = (
-    "ProductKeyMemory",
-    "SwitchMoE",
-    "ValueTable",
-    "add_memory_layers",
-    "add_moe_layers",
-    "brute_force_topk",
-    "memory_cost",
-    "memory_param_groups",
-    "model_costs",
-    "product_key_topk",
+# The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    method=(
+        "ProductKeyMemory",
+        "SwitchMoE",
+        "ValueTable",
+        "add_memory_layers",
+        "add_moe_layers",
+        "brute_force_topk",
+        "memory_cost",
+        "memory_param_groups",
+        "model_costs",
+        "product_key_topk",
+    ),
 )
-
-
-def __getattr__(name: str):
-    # The algorithm imports torch; load it on first use so that `lmlab list` stays torch-free.
-    if name in _LAZY:
-        from lmlab.methods.efficiency.memory_layers import method
-
-        return getattr(method, name)
-    raise AttributeError(name)
-
 
 __all__ = ["SPEC", *_LAZY]

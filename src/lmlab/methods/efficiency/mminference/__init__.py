@@ -1,6 +1,6 @@
 """MMInference (Li et al., ICML 2025): per-head pattern search (A-shape, vertical-slash, grid) + sparse prefill."""
 
-from lmlab.registry import MethodSpec, register_method
+from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(
     MethodSpec(
@@ -70,31 +70,21 @@ SPEC = register_method(
     )
 )
 
-_LAZY = (
-    "MMInferenceController",
-    "amdahl_bound",
-    "block_coverage",
-    "build_layer_index",
-    "default_search_space",
-    "search_head",
-    "search_patterns",
-    "sparse_attention",
-    "sparse_prefill",
-    "vs_estimate",
+# The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    method=(
+        "amdahl_bound",
+        "block_coverage",
+        "build_layer_index",
+        "default_search_space",
+        "search_head",
+        "search_patterns",
+        "sparse_attention",
+        "sparse_prefill",
+        "vs_estimate",
+    ),
+    attention=("MMInferenceController", "LayerRecord"),
 )
-
-
-def __getattr__(name: str):
-    # The algorithm imports torch; load it on first use so that `lmlab list` stays torch-free.
-    if name == "MMInferenceController":
-        from lmlab.methods.efficiency.mminference import attention
-
-        return attention.MMInferenceController
-    if name in _LAZY:
-        from lmlab.methods.efficiency.mminference import method
-
-        return getattr(method, name)
-    raise AttributeError(name)
-
 
 __all__ = ["SPEC", *_LAZY]

@@ -1,6 +1,6 @@
 """ShadowKV (Sun et al., ICML 2025): low-rank pre-RoPE key cache, values apart, landmark-selected sparse decode."""
 
-from lmlab.registry import MethodSpec, register_method
+from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(
     MethodSpec(
@@ -64,28 +64,22 @@ SPEC = register_method(
     )
 )
 
-_LAZY = (
-    "KVSelectionController",
-    "Selector",
-    "ShadowKV",
-    "ShadowKVState",
-    "energy_rank",
-    "fidelity",
-    "landmarks_and_outliers",
-    "low_rank_keys",
-    "prefill",
-    "rebuild_keys",
-    "teacher_forced_logprobs",
+# The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    method=(
+        "KVSelectionController",
+        "Selector",
+        "ShadowKV",
+        "ShadowKVState",
+        "energy_rank",
+        "fidelity",
+        "landmarks_and_outliers",
+        "low_rank_keys",
+        "prefill",
+        "rebuild_keys",
+        "teacher_forced_logprobs",
+    ),
 )
-
-
-def __getattr__(name: str):
-    # The algorithm imports torch; load it on first use so that `lmlab list` stays torch-free.
-    if name in _LAZY:
-        from lmlab.methods.efficiency.shadowkv import method
-
-        return getattr(method, name)
-    raise AttributeError(name)
-
 
 __all__ = ["SPEC", *_LAZY]
