@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmlab.methods.efficiency.mminference.attention import MMInferenceController, attached
+from lmlab.core.attention import use_controller
+from lmlab.methods.efficiency.mminference.attention import MMInferenceController
 from lmlab.methods.efficiency.mminference.config import MMInferenceConfig
 from lmlab.methods.efficiency.mminference.experiment import natural_ids, periodic_ids, sdpa
 from lmlab.methods.efficiency.mminference.method import (
@@ -267,7 +268,7 @@ def test_hf_sparse_prefill_with_dense_patterns_matches_sdpa(tiny_llama):
         layers = model.config.num_hidden_layers
         pats = {layer: {h: ["a_shape", 0, 10**6] for h in range(4)} for layer in range(layers)}
         ctl = MMInferenceController(patterns=pats, block_size=32, min_len=64)
-        with torch.no_grad(), attached(model, ctl):
+        with torch.no_grad(), use_controller(model, ctl):
             out = model(ids, use_cache=False).logits
         assert model.config._attn_implementation == "sdpa"  # restored
         assert not hasattr(model.model.layers[0].self_attn, "mminference")
@@ -280,7 +281,7 @@ def test_hf_capture_shadow_and_dense_decode(tiny_llama):
     model = tiny_llama
     ids = torch.randint(3, 250, (1, 128), generator=torch.Generator().manual_seed(1))
     cap = MMInferenceController(mode="capture", min_len=64)
-    with torch.no_grad(), attached(model, cap):
+    with torch.no_grad(), use_controller(model, cap):
         out = model(ids, use_cache=True)
         cache = out.cache
         model(ids[:, -1:], cache=cache, use_cache=True)  # decode: q_len 1, dense, nothing captured again
@@ -289,7 +290,7 @@ def test_hf_capture_shadow_and_dense_decode(tiny_llama):
     assert q.shape == (4, 128, 16) and k.shape == (2, 128, 16) and v.shape == (2, 128, 16)
     pats = {layer: {h: ["a_shape", 4, 16] for h in range(4)} for layer in range(2)}
     shadow = MMInferenceController(patterns=pats, mode="shadow", block_size=32, min_len=64, shadow_repeats=1)
-    with torch.no_grad(), attached(model, shadow):
+    with torch.no_grad(), use_controller(model, shadow):
         shadow_logits = model(ids, use_cache=False).logits
     with torch.no_grad(), sdpa(model):
         dense_logits = model(ids, use_cache=False).logits

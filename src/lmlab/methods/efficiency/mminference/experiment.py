@@ -35,11 +35,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from lmlab.core.attention import use_controller
 from lmlab.core.seeding import derive_seed
 from lmlab.core.timing import BudgetExceeded, compare_timings
 from lmlab.data.ruler import filler_text
 from lmlab.data.ruler import grade as ruler_grade
-from lmlab.methods.efficiency.mminference.attention import MMInferenceController, attached
+from lmlab.methods.efficiency.mminference.attention import MMInferenceController
 from lmlab.methods.efficiency.mminference.method import (
     amdahl_bound,
     attention_flop_share,
@@ -139,7 +140,7 @@ def run(cfg: Any, ctx: Any) -> Any:
     # 1. offline search on a natural and a periodic calibration input ---------------------------------------
     def search(ids: torch.Tensor) -> tuple[dict, dict]:
         ctl = MMInferenceController(mode="capture", **ctl_kw)
-        with torch.no_grad(), attached(model, ctl):
+        with torch.no_grad(), use_controller(model, ctl):
             model(ids, logits_to_keep=1, use_cache=False)
         captured = {layer: (q, k) for layer, (q, k, _) in ctl.captured.items()}
         return search_patterns(
@@ -267,7 +268,7 @@ def run(cfg: Any, ctx: Any) -> Any:
                 shadow = MMInferenceController(
                     patterns=patterns, mode="shadow", shadow_repeats=repeats, shadow_warmup=cfg.timing_warmup, **ctl_kw
                 )
-                with attached(model, shadow):
+                with use_controller(model, shadow):
                     model(ids, logits_to_keep=1, use_cache=False)
                 # (b) end to end through the HF model: attn_implementation "sdpa" vs "mminference"
                 sparse_ctl = MMInferenceController(patterns=patterns, mode="sparse", **ctl_kw)
@@ -277,7 +278,7 @@ def run(cfg: Any, ctx: Any) -> Any:
                         model(ids, logits_to_keep=1, use_cache=False)
 
                 def sparse_forward(ids: torch.Tensor = ids, ctl: MMInferenceController = sparse_ctl) -> None:
-                    with attached(model, ctl):
+                    with use_controller(model, ctl):
                         model(ids, logits_to_keep=1, use_cache=False)
 
                 e2e = compare_timings(
@@ -439,7 +440,7 @@ def _prefill_and_answer(
     model: Any, tok: Any, ids: torch.Tensor, ctl: MMInferenceController, keep: int, gen_tokens: int
 ) -> tuple[torch.Tensor, str]:
     """Prefill (through `ctl`), return the last `keep` positions' logits and the greedy answer (dense decode)."""
-    with torch.no_grad(), attached(model, ctl):
+    with torch.no_grad(), use_controller(model, ctl):
         out = model(ids, logits_to_keep=keep, use_cache=True)
         logits = out.logits[0]
         cache = out.cache
