@@ -247,6 +247,19 @@ def test_block_diagnostics_and_dense_tracking(tiny_llama):
     assert report.blocks[0].dense_error == pytest.approx(report.blocks[0].out_error, rel=1e-5)
 
 
+def test_cached_dense_outputs_give_the_same_dense_errors(tiny_llama):
+    calib = _calib()
+    reference = prune_model(copy.deepcopy(tiny_llama), calib, method=None, sparsity=0.0, keep_outputs=True,
+                            track_dense=False, batch_size=3).block_outputs  # fmt: skip
+    tracked = prune_model(copy.deepcopy(tiny_llama), calib, method="wanda", sparsity=[0.3, 0.6], batch_size=3)
+    cached = prune_model(copy.deepcopy(tiny_llama), calib, method="wanda", sparsity=[0.3, 0.6], batch_size=3,
+                         dense_outputs=reference)  # fmt: skip
+    assert [b.dense_error for b in cached.blocks] == pytest.approx([b.dense_error for b in tracked.blocks], rel=1e-6)
+    assert [b.out_error for b in cached.blocks] == [b.out_error for b in tracked.blocks]
+    with pytest.raises(ValueError, match="dense_outputs must hold one"):
+        prune_model(copy.deepcopy(tiny_llama), calib, method="wanda", dense_outputs=reference[:1])
+
+
 def test_custom_prune_fn_callback_and_stats(tiny_llama):
     calls = []
 

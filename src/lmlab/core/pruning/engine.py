@@ -270,6 +270,7 @@ def prune_model(
     track_dense: bool = True,
     layer_filter: Callable[[int, str], bool] | None = None,
     keep_outputs: bool = False,
+    dense_outputs: Sequence[torch.Tensor] | None = None,
 ) -> PruneReport:
     """Prune `model` in place, block by block, on calibration windows `calib_ids` (n, seq) (see the module doc).
 
@@ -290,6 +291,10 @@ def prune_model(
         track_dense (`bool`): also propagate the dense model's hidden states, for ``BlockRecord.dense_error``.
         layer_filter: prune only linears where ``layer_filter(block, name)`` is true (others stay dense).
         keep_outputs (`bool`): keep every block's propagated calibration outputs in ``report.block_outputs``.
+        dense_outputs: the dense model's output of every block on these same windows, (n_windows, seq, d) each (the
+            ``block_outputs`` of ``prune_model(model, calib_ids, method=None, keep_outputs=True)``): with
+            `track_dense`, used for ``dense_error`` instead of propagating the dense states again (one block forward
+            less per block; for callers that prune many copies of one model on the same windows).
 
     Returns:
         `PruneReport`.
@@ -329,7 +334,13 @@ def prune_model(
     model.eval()
     captured = capture_block_inputs(model, calib_ids, batch_size=batch_size)
     inps = captured.hidden
-    dense = [h.clone() for h in inps] if track_dense else None
+    n_windows = len(calib_ids)
+    if dense_outputs is not None and (len(dense_outputs) != len(blocks) or dense_outputs[0].shape[0] != n_windows):
+        raise ValueError(
+            f"dense_outputs must hold one (n_windows={n_windows}, seq, d) tensor per block ({len(blocks)}), got "
+            f"{len(dense_outputs)} of shape {tuple(dense_outputs[0].shape) if len(dense_outputs) else None}"
+        )
+    dense = [h.clone() for h in inps] if track_dense and dense_outputs is None else None
     report = PruneReport(method_name, mask_structure or "unstructured", sparsities, n_calib_tokens=calib_ids.numel())
 
     for b, block in enumerate(blocks):
@@ -343,6 +354,8 @@ def prune_model(
             for h in handles:
                 h.remove()
         dense_out = [_run_block(block, h, c) for h, c in zip(dense, calls)] if dense is not None else None
+        if track_dense and dense_outputs is not None:  # the same batches as `inps` (calib_ids.split(batch_size))
+            dense_out = list(dense_outputs[b].split(batch_size))
 
         zeros = total = 0
         for name, module in linears.items():
@@ -386,7 +399,7 @@ def prune_model(
         if keep_outputs:
             report.block_outputs = (report.block_outputs or []) + [torch.cat(outs)]
         inps = outs
-        dense = dense_out
+        dense = dense_out if dense_outputs is None else None
     model.train(was_training)
     report.seconds = time.perf_counter() - t_start
     return report
