@@ -52,3 +52,42 @@ def test_search_picks_the_minimum_on_a_convex_profile():
     assert result.best_beta == pytest.approx(0.006)
     assert len(result.table) == 8
     assert result.sparsities == layer_sparsities(30, 0.7, result.best_beta)
+
+
+def test_search_patience_stops_past_the_minimum_of_a_u_shaped_curve():
+    calls: list[float] = []
+
+    def u_shaped(rates):  # minimum at beta = 0.008; evaluated in grid order
+        beta = rates[1] - rates[0]
+        calls.append(beta)
+        return 100.0 + 1e6 * (beta - 0.008) ** 2
+
+    grid = [0.0, 0.004, 0.008, 0.012, 0.016, 0.02]
+    full = search_beta(u_shaped, 30, 0.7, grid)
+    assert len(calls) == 6 and full.best_beta == pytest.approx(0.008)
+    calls.clear()
+    early = search_beta(u_shaped, 30, 0.7, grid, patience=1)
+    assert calls == pytest.approx([0.0, 0.004, 0.008, 0.012])  # stopped at the first beta worse than 0.008
+    assert early.best_beta == full.best_beta and len(early.table) == 4
+    calls.clear()
+    assert search_beta(u_shaped, 30, 0.7, grid, patience=2).best_beta == pytest.approx(0.008)
+    assert len(calls) == 5
+    with pytest.raises(ValueError, match="patience=-1"):
+        search_beta(u_shaped, 30, 0.7, grid, patience=-1)
+
+
+def test_sweep_levels_run_every_allocation_at_their_own_mean(tmp_path):
+    """The smoke preset sweeps S = 0.5 beside the headline 0.7: every allocation and pruner at each level, named
+    with the level's suffix, each pruned to that level's mean sparsity, with ungated sweep claims."""
+    from lmlab.runner import run_method
+
+    result = run_method("atp", preset="smoke", model="tiny-llama", write=False, show_progress=False,
+                        raise_errors=True, threads=1)  # fmt: skip
+    for level, suffix in ((0.7, ""), (0.5, "_s50")):
+        for system in ("wanda_uniform", "wanda_atp", "wanda_owl", "sparsegpt_uniform", "sparsegpt_atp"):
+            measured = result.metric(system + suffix, "measured_sparsity").value
+            assert measured == pytest.approx(level, abs=0.02), (system + suffix, measured)
+    assert "beta_star_wanda_s50" in result.flags
+    sweep_claims = [c for c in result.claims if c.text.startswith("sweep:")]
+    assert sweep_claims and not any(c.gate for c in sweep_claims)
+    assert "wanda_reverse_s50" not in {m.system for m in result.metrics}

@@ -1,6 +1,6 @@
 """ATP (Huang et al., ICML 2025): per-block sparsity rising in an arithmetic progression, on Wanda and SparseGPT."""
 
-from lmlab.registry import MethodSpec, register_method
+from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(
     MethodSpec(
@@ -23,6 +23,8 @@ SPEC = register_method(
         presets={
             "smoke": {
                 "betas": [0.0, 0.05],
+                "sweep": [0.5],
+                "sweep_pruners": ["wanda", "sparsegpt"],
                 "pruners": ["wanda", "sparsegpt"],
                 "n_calib": 2,
                 "seq_len": 16,
@@ -32,6 +34,7 @@ SPEC = register_method(
             },
             "quick": {
                 "betas": [0.0, 0.008],
+                "sweep": [],
                 "pruners": ["wanda"],
                 "n_calib": 4,
                 "seq_len": 128,
@@ -50,16 +53,16 @@ SPEC = register_method(
     )
 )
 
-_LAZY = ("layer_sparsities", "beta_grid", "max_beta", "search_beta", "SearchResult")
-
-
-def __getattr__(name: str):
-    # The algorithm imports nothing heavy, but keep the registry import path uniform with the other methods.
-    if name in _LAZY:
-        from lmlab.methods.compression.atp import method
-
-        return getattr(method, name)
-    raise AttributeError(name)
-
+# Exported names load on first use, as in every method package (`lmlab list` imports only the specs).
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    method=(
+        "layer_sparsities",
+        "beta_grid",
+        "max_beta",
+        "search_beta",
+        "SearchResult",
+    ),
+)
 
 __all__ = ["SPEC", *_LAZY]

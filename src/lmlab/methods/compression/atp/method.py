@@ -72,15 +72,33 @@ class SearchResult:
 
 
 def search_beta(
-    evaluate: Callable[[list[float]], float], n_blocks: int, sparsity: float, betas: Sequence[float]
+    evaluate: Callable[[list[float]], float],
+    n_blocks: int,
+    sparsity: float,
+    betas: Sequence[float],
+    patience: int = 0,
 ) -> SearchResult:
     """beta* = argmin_beta evaluate(layer_sparsities(L, S, beta)); `evaluate` prunes a fresh copy of the model with
-    the given per-block list and returns its validation perplexity (ties go to the smaller beta)."""
+    the given per-block list and returns its validation perplexity (ties go to the smaller beta).
+
+    The grid is walked in the given order. ``patience = 0`` evaluates every beta (the official `search.sh`);
+    ``patience = p > 0`` stops after p consecutive betas that do not improve on the best so far, which on the
+    U-shaped validation curve (perplexity falls, then explodes as the top block approaches 100% sparsity) skips only
+    the collapsed end of the grid.
+    """
     if not betas:
         raise ValueError("betas=[]: expected at least one beta to try")
-    table = []
+    if patience < 0:
+        raise ValueError(f"patience={patience}: expected 0 (whole grid) or a positive number of betas")
+    table: list[dict] = []
+    worse_in_a_row = 0
     for beta in betas:
         rates = layer_sparsities(n_blocks, sparsity, beta)
-        table.append({"beta": float(beta), "val_ppl": float(evaluate(rates))})
+        val_ppl = float(evaluate(rates))
+        improved = not table or val_ppl < min(row["val_ppl"] for row in table)
+        table.append({"beta": float(beta), "val_ppl": val_ppl})
+        worse_in_a_row = 0 if improved else worse_in_a_row + 1
+        if patience and worse_in_a_row >= patience:
+            break
     best = min(table, key=lambda row: (row["val_ppl"], abs(row["beta"])))
     return SearchResult(best["beta"], layer_sparsities(n_blocks, sparsity, best["beta"]), table)
