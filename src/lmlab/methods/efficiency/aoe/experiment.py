@@ -169,7 +169,8 @@ def _part_a(cfg: Any, ctx: Any) -> list[Claim]:
             if system not in params:
                 ffn = sum(p.numel() for m in moe_layers(model) for p in m.parameters())
                 params[system] = {"total": count_parameters(model), "ffn": ffn}
-                ctx.models[f"scratch_{system}"] = {"params": params[system]["total"], "ffn_params": ffn,
+                ctx.models[f"scratch_{system}"] = {"spec": f"from-scratch:{system}",
+                                                   "params": params[system]["total"], "ffn_params": ffn,
                                                    "layers": cfg.n_layers, "hidden_size": cfg.d_model,
                                                    "vocab_size": vocab}  # fmt: skip
             coef = aux[system]

@@ -215,6 +215,7 @@ def run(cfg: Any, ctx: Any):
                 if s == 0:
                     ctx.models["from-scratch-llama"] = {
                         **model_info(model),
+                        "spec": "from-scratch:llama",
                         "non_embedding_params": count_parameters(model.model.layers)
                         + count_parameters(model.model.norm),
                     }
