@@ -189,7 +189,7 @@ def pretrain_lm(
             for clip_params in clip_sets.values():
                 torch.nn.utils.clip_grad_norm_(clip_params, grad_clip)
         optimizer.step()
-        result.losses.append(float(loss))
+        result.losses.append(float(loss.detach()))
         result.tokens += batch.shape[0] * (batch.shape[1] - 1)
         if on_step is not None:
             on_step(step, float(loss))
