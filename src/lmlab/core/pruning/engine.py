@@ -353,9 +353,12 @@ def prune_model(
         finally:
             for h in handles:
                 h.remove()
-        dense_out = [_run_block(block, h, c) for h, c in zip(dense, calls)] if dense is not None else None
-        if track_dense and dense_outputs is not None:  # the same batches as `inps` (calib_ids.split(batch_size))
+        if not track_dense:
+            dense_out = None
+        elif dense_outputs is not None:  # the same batches as `inps` (calib_ids.split(batch_size))
             dense_out = list(dense_outputs[b].split(batch_size))
+        else:  # propagate the dense states (before this block's weights are pruned)
+            dense_out = dense = [_run_block(block, h, c) for h, c in zip(dense, calls)]
 
         zeros = total = 0
         for name, module in linears.items():
@@ -399,7 +402,6 @@ def prune_model(
         if keep_outputs:
             report.block_outputs = (report.block_outputs or []) + [torch.cat(outs)]
         inps = outs
-        dense = dense_out if dense_outputs is None else None
     model.train(was_training)
     report.seconds = time.perf_counter() - t_start
     return report

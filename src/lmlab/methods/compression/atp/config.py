@@ -19,7 +19,7 @@ class ATPConfig(BaseConfig):
         sweep (`list[float]`, defaults to [0.5, 0.6]): further mean sparsities at which uniform, OWL and ATP (own beta
             search each) are compared; reported as a table and a figure, not gated.
         sweep_pruners (`list[str]`, defaults to ["wanda"]): the base pruners run at the sweep levels; SparseGPT there
-            costs three more ~20 s prunes per level, past the 5-minute default budget (add it with
+            costs three more ~15 s prunes per level, past the 5-minute default budget (add it with
             ``--set sweep_pruners=[wanda,sparsegpt]``).
         betas (`list[float]`, defaults to [0, 0.004, ..., 0.02]): the beta grid searched on the validation split at
             every level (0 = uniform; betas above a level's beta_max are skipped); the official grid steps 0.002 up to
@@ -28,7 +28,7 @@ class ATPConfig(BaseConfig):
         search_patience (`int`, defaults to 1): the walk up the grid stops after this many betas in a row whose
             validation perplexity does not beat the best so far (the curve is U-shaped); 0 walks the whole grid.
         pruners (`list[str]`): base pruners (``wanda``, ``sparsegpt``); SparseGPT runs at uniform, OWL and the
-            beta Wanda's search chose (a SparseGPT search of its own would cost 8 more 60-100 s prunes).
+            beta Wanda's search chose (a SparseGPT search of its own costs 3-6 more ~15 s prunes).
         sparsegpt_search (`bool`): search beta with SparseGPT too instead of reusing Wanda's beta.
         owl (`bool`): run the OWL allocation baseline (M = 5, lambda = 0.08).
         reverse (`bool`): run the reversed progression (beta* < 0) sanity check.

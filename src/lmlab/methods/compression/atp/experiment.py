@@ -144,7 +144,7 @@ class _Sweep:
         from lmlab.core.scoring import choice_accuracy
 
         pm, rep = pruned
-        name = system if headline else f"{system}_s{round(level * 100):d}"
+        name = system + _level_suffix(level, headline)
         ctx = self.ctx
         self.reports[name], self.allocations[name] = rep, rates
         ctx.record_value(name, "measured_sparsity", rep.sparsity, note=f"nominal mean {level:g}")
@@ -164,7 +164,7 @@ class _Sweep:
     def run_level(self, level: float, headline: bool) -> None:
         """Wanda beta search on validation, then uniform / ATP / OWL (/ reverse), Wanda and SparseGPT, at `level`."""
         cfg, ctx, n_blocks = self.cfg, self.ctx, self.n_blocks
-        suffix = "" if headline else f"_s{round(level * 100):d}"
+        suffix = _level_suffix(level, headline)
         bound = max_beta(n_blocks, level)
         betas = [b for b in cfg.betas if b <= bound + 1e-12]
         dropped = [b for b in cfg.betas if b > bound + 1e-12]
@@ -249,6 +249,11 @@ class _Sweep:
         self.finish("sparsegpt_atp", level, headline, self.prune("sparsegpt", sg_rates), sg_rates, beta_sg)
         if owl is not None:
             self.finish("sparsegpt_owl", level, headline, self.prune("sparsegpt", owl), owl)
+
+
+def _level_suffix(level: float, headline: bool) -> str:
+    """'' at the headline level, '_s50' at a sweep level of 0.5 (what `_LEVEL_SUFFIX` matches)."""
+    return "" if headline else f"_s{round(level * 100):d}"
 
 
 def _is_headline(system: str) -> bool:

@@ -17,8 +17,8 @@ accuracy and is faster than dense FlashAttention prefill (up to 8.3x at 1M token
    after >= 2 warm-ups, medians of per-round ratios), on `timing_layers` real layers evenly spaced over depth:
    (a) kernel level, per layer, in shadow mode: dense SDPA vs index build + sparse kernel on the same q, k, v;
    (b) end-to-end prefill of those layers inside the HF model (``logits_to_keep=1``), ``attn_implementation``
-   ``"sdpa"`` vs ``"mminference"``. Printed beside the ceilings: 1/rho per layer and the Amdahl bound
-   1/((1 - f) + f rho) with the measured attention share f and density rho.
+   ``"sdpa"`` vs the MMInference controller (`lmlab.core.attention.use_controller`). Printed beside the ceilings:
+   1/rho per layer and the Amdahl bound 1/((1 - f) + f rho) with the measured attention share f and density rho.
 
 Claim check (gated): NLL(MMInference) <= NLL(dense) + `max_delta_nll` (per token, paired); at the first bench
 length, per-layer attention time (per (layer, round) pair) and end-to-end prefill time (per round) below SDPA's.
@@ -270,7 +270,7 @@ def run(cfg: Any, ctx: Any) -> Any:
                 )
                 with use_controller(model, shadow):
                     model(ids, logits_to_keep=1, use_cache=False)
-                # (b) end to end through the HF model: attn_implementation "sdpa" vs "mminference"
+                # (b) end to end through the HF model: attn_implementation "sdpa" vs the sparse controller
                 sparse_ctl = MMInferenceController(patterns=patterns, mode="sparse", **ctl_kw)
 
                 def dense_forward(ids: torch.Tensor = ids) -> None:
