@@ -90,3 +90,18 @@ def test_nothing_written_outside_the_output_folder(smoke_run):
 def test_limit_caps_the_examples(method_id, tmp_path):
     result = _run(method_id, tmp_path / "run", limit=1)
     assert all(info["n"] <= 1 for info in result.meta_info["data"].values())
+
+
+def test_verdict_does_not_hold_when_the_method_is_its_baseline(smoke_run):
+    """Every gated check re-evaluated with the method's values replaced by its baseline's: the verdict must not be
+    "holds". A verdict that still holds then is rigged (a check true by construction belongs with
+    `Claim(mechanism=True)`; a non-inferiority guard must sit beside a check the method can fail)."""
+    _, _, result, _ = smoke_run
+    gating = [c for c in result.claims if c.gate]
+    assert all(c.null_status in STATUSES for c in gating)
+    assert result.null_status != "supported", [(c.text, c.null_status) for c in gating]
+
+
+def test_mechanism_checks_never_gate(smoke_run):
+    _, _, result, _ = smoke_run
+    assert all(not c.gate for c in result.claims if c.mechanism)

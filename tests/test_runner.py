@@ -23,6 +23,70 @@ def test_claim_status_comes_from_the_recorded_values():
     assert evaluate_claim(Claim("m", "a", "b", ">"), noisy, [0.0] * 8).status == "inconclusive"
 
 
+def test_a_check_that_holds_when_the_method_is_its_baseline_is_flagged():
+    values = [0.3, 0.5, 0.2, 0.7, 0.4, 0.6, 0.1, 0.8]
+    shifted = [v + 0.5 for v in values]
+    honest = evaluate_claim(Claim("m", "a", "b", ">"), shifted, values)
+    assert honest.status == "supported" and honest.null_status == "not_supported" and honest.falsifiable
+    # "not worse than the baseline by more than 0.05": any system passes it against itself
+    lenient = evaluate_claim(Claim("m", "a", "b", ">", min_effect=-0.05), shifted, values)
+    assert lenient.status == "supported" and lenient.null_status == "supported" and not lenient.falsifiable
+    # small samples do not hide a rigged check: the null status is decided without min_n
+    tiny = evaluate_claim(Claim("m", "a", "b", ">", min_effect=-0.05), shifted[:2], values[:2])
+    assert tiny.status == "inconclusive" and tiny.null_status == "supported"
+    rigged = RunResult(method="x", run_info={"status": "ok"}, config={}, claims=[lenient])
+    assert rigged.null_status == "supported"
+    guarded = RunResult(method="x", run_info={"status": "ok"}, config={}, claims=[lenient, honest])
+    assert guarded.status == "supported" and guarded.null_status == "not_supported"
+
+
+def test_mechanism_checks_never_gate():
+    claim = Claim("calls", "a", "b", "<", mechanism=True)
+    assert claim.gate is False
+    result = evaluate_claim(claim, [1.0] * 8, [10.0] * 8)
+    assert result.mechanism and not result.gate
+    run = RunResult(method="x", run_info={"status": "ok"}, config={}, claims=[result])
+    assert run.status == "inconclusive"  # no gating check: nothing decided
+
+
+def _context():
+    from lmlab.registry import get_method
+    from lmlab.runner import RunContext, resolve_config
+
+    spec = get_method("reflection_window")
+    return RunContext(spec, resolve_config(spec, preset="smoke", overrides=SMOKE), preset="smoke", show_progress=False)
+
+
+def test_record_with_clusters_counts_units_and_claims_resample_them():
+    import numpy as np
+
+    ctx = _context()
+    rng = np.random.default_rng(0)
+    prompt_effect = np.repeat(rng.normal(0, 1, 4), 32)  # 4 prompts x 32 decode steps
+    base = prompt_effect + rng.normal(0, 0.01, 128)
+    method = base + 0.01
+    ids = [f"p{i // 32}" for i in range(128)]
+    row = ctx.record("method", "kl", method, clusters=ids)
+    ctx.record("base", "kl", base, clusters=ids)
+    ctx.record("method", "kl_naive", method)
+    ctx.record("base", "kl_naive", base)
+    assert row.n == 4
+    result = ctx.finish([Claim("kl", "method", "base", ">"), Claim("kl_naive", "method", "base", ">")])
+    clustered, naive = result.claims
+    assert clustered.n == 4 and clustered.n_values == 128 and clustered.status == "inconclusive"
+    assert naive.n == 128 and naive.status == "supported"
+
+
+def test_paired_claims_need_the_same_clusters():
+    ctx = _context()
+    ctx.record("method", "acc", [1.0, 0.0, 1.0, 1.0], clusters=["a", "a", "b", "b"])
+    ctx.record("base", "acc", [0.0, 0.0, 1.0, 0.0])
+    with pytest.raises(ValueError, match="only method was recorded with clusters"):
+        ctx.finish([Claim("acc", "method", "base", ">")])
+    with pytest.raises(ValueError, match="one cluster id per value"):
+        ctx.record("other", "acc", [1.0, 0.0], clusters=["a"])
+
+
 def test_an_experiment_error_is_recorded_not_lost(tmp_path, monkeypatch):
     from lmlab.methods.decoding.reflection_window import experiment
 

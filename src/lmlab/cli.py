@@ -146,7 +146,7 @@ def _print_result(result: Any) -> None:
     if info.get("error"):
         print(f"  error: {info['error']}")
     for c in result.claims:
-        gate = "" if c.gate else "  (not gated)"
+        gate = "  (mechanism check)" if c.mechanism else "" if c.gate else "  (not gated)"
         print(
             f"  {VERDICT.get(c.status, c.status):>14}: {c.text}: {c.method} {fmt(c.method_value)} vs {c.baseline} "
             f"{fmt(c.baseline_value)}, effect {fmt_ci(c.observed_effect, *c.ci)}{gate}"

@@ -55,7 +55,10 @@ class Claim:
     """ "`method` beats `baseline` on `metric`" in `direction` (``">"`` higher, ``"<"`` lower) by > `min_effect`.
 
     Evaluated with `lmlab.core.stats.compare` on the per-example values both systems recorded for `metric`
-    (paired by example when `paired`). `gate=False` marks a check that is reported but does not decide the verdict.
+    (paired by example when `paired`; by cluster when the values were recorded with ``clusters=``). `gate=False`
+    marks a check that is reported but does not decide the verdict. `mechanism=True` marks a check that holds by
+    construction (a count the algorithm fixes, a guarantee of the method): it shows that the mechanism works, is
+    reported under "mechanism checks", and never gates (``gate`` is forced to False).
     """
 
     metric: str
@@ -66,10 +69,13 @@ class Claim:
     paired: bool = True
     text: str = ""
     gate: bool = True
+    mechanism: bool = False
 
     def __post_init__(self) -> None:
         if self.direction not in (">", "<"):
             raise ValueError(f"Claim.direction must be '>' or '<', got {self.direction!r}")
+        if self.mechanism:
+            object.__setattr__(self, "gate", False)
 
 
 @dataclass
@@ -91,25 +97,46 @@ class ClaimResult:
     status: str
     reason: str
     gate: bool = True
+    mechanism: bool = False
+    n_values: int | None = None  # values behind `n` when clustered (n counts the independent units)
+    null_status: str | None = None  # the status this check gets with the method's values replaced by the baseline's
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["ci"] = list(self.ci)
         return d
 
+    @property
+    def falsifiable(self) -> bool:
+        """Whether the check fails when the method is replaced by its baseline (a rigged check does not)."""
+        return self.null_status != "supported"
 
-def evaluate_claim(claim: Claim, a: Sequence[float], b: Sequence[float], *, seed: int = 0) -> ClaimResult:
-    """Check `claim` on the per-example values `a` (method) and `b` (baseline)."""
+
+def evaluate_claim(
+    claim: Claim,
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    seed: int = 0,
+    clusters: Sequence[Any] | None = None,
+    clusters_b: Sequence[Any] | None = None,
+) -> ClaimResult:
+    """Check `claim` on the per-example values `a` (method) and `b` (baseline).
+
+    `clusters` (and, unpaired, `clusters_b`) name the independent unit of each value (see `lmlab.core.stats`).
+    The result also carries `null_status`: the status of the same check with the method's values replaced by the
+    baseline's (decided with ``min_n=1``, so small samples do not hide it). A gated check whose `null_status` is
+    "supported" holds by construction and cannot fail: the registry battery rejects it.
+    """
     from lmlab.core.stats import compare
 
-    cmp = compare(
-        list(map(float, a)),
-        list(map(float, b)),
-        direction=claim.direction,  # type: ignore[arg-type]
-        min_effect=claim.min_effect,
-        paired=claim.paired,
-        seed=seed,
-    )
+    a_vals, b_vals = list(map(float, a)), list(map(float, b))
+    kw: dict[str, Any] = dict(direction=claim.direction, min_effect=claim.min_effect, paired=claim.paired, seed=seed)
+    cmp = compare(a_vals, b_vals, clusters=clusters, clusters_b=None if claim.paired else clusters_b, **kw)
+    # the baseline in place of the method: paired, the very values and clusters; unpaired, b against itself
+    null_clusters = clusters if claim.paired else clusters_b
+    null = compare(b_vals, b_vals, clusters=null_clusters, clusters_b=None if claim.paired else clusters_b, min_n=1,
+                   **kw)  # fmt: skip
     text = claim.text or f"{claim.method} {claim.direction} {claim.baseline} on {claim.metric}"
     return ClaimResult(
         text=text,
@@ -127,6 +154,11 @@ def evaluate_claim(claim: Claim, a: Sequence[float], b: Sequence[float], *, seed
         status=cmp.status,
         reason=cmp.reason,
         gate=claim.gate,
+        mechanism=claim.mechanism,
+        n_values=None
+        if clusters is None and clusters_b is None
+        else len(a_vals) + (0 if claim.paired else len(b_vals)),
+        null_status=null.status,
     )
 
 
@@ -166,6 +198,14 @@ class RunResult:
             return "error"
         return combine_statuses([c.status for c in self.claims if c.gate])
 
+    @property
+    def null_status(self) -> str:
+        """The verdict the gating claims would give with every method replaced by its baseline.
+
+        It must not be "supported": a verdict that holds when the method is its own baseline is rigged.
+        """
+        return combine_statuses([c.null_status or "inconclusive" for c in self.claims if c.gate])
+
     def metric(self, system: str, metric: str) -> MetricRow:
         for row in self.metrics:
             if row.system == system and row.metric == metric:
@@ -184,6 +224,8 @@ class RunResult:
             "observed_effect": first.observed_effect if first else None,
             "ci": list(first.ci) if first else None,
             "checks": len(gating),
+            "mechanism_checks": sum(1 for c in self.claims if c.mechanism),
+            "null_status": self.null_status if gating else None,
         }
 
     def to_json(self) -> dict[str, Any]:

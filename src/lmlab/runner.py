@@ -62,6 +62,7 @@ class RunContext:
         self.log = logging.getLogger(f"lmlab.methods.{spec.id}")
         self.show_progress = progress_enabled(show_progress)
         self._values: dict[tuple[str, str], list[float]] = {}
+        self._clusters: dict[tuple[str, str], list[Any]] = {}
         self.metrics: list[MetricRow] = []
         self.samples: list[dict[str, Any]] = []
         self.figures: dict[str, bytes] = {}
@@ -103,19 +104,38 @@ class RunContext:
     # -- outputs --------------------------------------------------------------------------------------------------
 
     def record(
-        self, system: str, metric: str, values: Sequence[float], *, unit: str = "", note: str = ""
+        self,
+        system: str,
+        metric: str,
+        values: Sequence[float],
+        *,
+        clusters: Sequence[Any] | None = None,
+        unit: str = "",
+        note: str = "",
     ) -> MetricRow:
-        """Per-example `values` of `metric` for `system`: stored for claims, summarised as mean + bootstrap CI."""
+        """Per-example `values` of `metric` for `system`: stored for claims, summarised as mean + bootstrap CI.
+
+        `clusters`: the independent unit each value belongs to (a prompt id, a document, a seed, a client), one id
+        per value, when several values come from one unit (decode steps of one prompt, positions of one window,
+        windows of one seed). The CI is then a cluster bootstrap and the row's ``n`` counts clusters; claims on this
+        metric resample the same clusters. Values of one system and metric are recorded once.
+        """
         from lmlab.core.seeding import derive_seed
-        from lmlab.core.stats import mean_ci
+        from lmlab.core.stats import cluster_codes, mean_ci
 
         vals = [float(v) for v in values]
         if not vals:
             raise ValueError(f"no values recorded for {system}/{metric}")
         if (system, metric) in self._values:
             raise ValueError(f"{system}/{metric} was already recorded")
+        ids = None
+        if clusters is not None:
+            ids = [c.item() if hasattr(c, "item") else c for c in clusters]  # numpy scalars -> python, json-able
+            cluster_codes(ids, len(vals), f"clusters of {system}/{metric}")
         self._values[(system, metric)] = vals
-        est = mean_ci(vals, seed=derive_seed(self.cfg.seed, system, metric))
+        if ids is not None:
+            self._clusters[(system, metric)] = ids
+        est = mean_ci(vals, seed=derive_seed(self.cfg.seed, system, metric), clusters=ids)
         row = MetricRow(system, metric, est.value, est.ci_low, est.ci_high, est.n, self.cfg.seed, unit, note)
         self.metrics.append(row)
         return row
@@ -131,6 +151,26 @@ class RunContext:
             return self._values[(system, metric)]
         except KeyError:
             raise KeyError(f"nothing recorded for system {system!r}, metric {metric!r}") from None
+
+    def clusters(self, system: str, metric: str) -> list[Any] | None:
+        """The cluster ids recorded with `system` / `metric`, or None when each value is its own unit."""
+        self.values(system, metric)
+        return self._clusters.get((system, metric))
+
+    def _claim_clusters(self, claim: Claim) -> tuple[list[Any] | None, list[Any] | None]:
+        ca, cb = self.clusters(claim.method, claim.metric), self.clusters(claim.baseline, claim.metric)
+        if claim.paired and ca != cb:
+            if ca is None or cb is None:
+                raise ValueError(
+                    f"claim {claim.method} vs {claim.baseline} on {claim.metric!r}: only "
+                    f"{claim.method if ca is not None else claim.baseline} was recorded with clusters; paired values "
+                    "must share the same cluster ids"
+                )
+            raise ValueError(
+                f"claim {claim.method} vs {claim.baseline} on {claim.metric!r}: the two systems were recorded with "
+                "different cluster ids; paired values must share the same ids in the same order"
+            )
+        return ca, cb
 
     def add_samples(self, records: Iterable[Mapping[str, Any]]) -> None:
         self.samples.extend(dict(r) for r in records)
@@ -158,7 +198,8 @@ class RunContext:
             a = self.values(claim.method, claim.metric)
             b = self.values(claim.baseline, claim.metric)
             seed = derive_seed(self.cfg.seed, "claim", claim.method, claim.baseline, claim.metric)
-            results.append(evaluate_claim(claim, a, b, seed=seed))
+            clusters, clusters_b = self._claim_clusters(claim)
+            results.append(evaluate_claim(claim, a, b, seed=seed, clusters=clusters, clusters_b=clusters_b))
         return RunResult(
             method=self.spec.id,
             run_info={},

@@ -346,3 +346,95 @@ def test_compare_is_deterministic_and_json_able():
         compare(a, b, direction="!=")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="non-finite"):
         compare([1.0, float("nan")], [0.0, 0.0])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# clustered (block) bootstrap: the independent unit is resampled, not the correlated values inside it
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _correlated(n_clusters=8, per_cluster=16, seed=0):
+    """Values with strong within-cluster correlation: a large cluster effect plus small per-value noise."""
+    rng = np.random.default_rng(seed)
+    effects = rng.normal(0.0, 1.0, n_clusters)
+    values = np.repeat(effects, per_cluster) + rng.normal(0.0, 0.05, n_clusters * per_cluster)
+    clusters = np.repeat(np.arange(n_clusters), per_cluster)
+    return values, clusters
+
+
+def test_clustered_ci_is_wider_than_naive_on_correlated_values():
+    from lmlab.core.stats import bootstrap_ci
+
+    values, clusters = _correlated()
+    _, lo_naive, hi_naive = bootstrap_ci(values, seed=1)
+    _, lo_cl, hi_cl = bootstrap_ci(values, seed=1, clusters=clusters)
+    assert (hi_cl - lo_cl) > 2.5 * (hi_naive - lo_naive)  # 16 near-copies per unit: about sqrt(16) = 4x narrower
+
+
+def test_clustered_ci_equals_naive_with_one_value_per_cluster():
+    from lmlab.core.stats import bootstrap_ci, compare, mean_ci
+
+    values = np.random.default_rng(3).normal(size=20)
+    ids = [f"prompt{i}" for i in range(20)]
+    assert bootstrap_ci(values, seed=5) == bootstrap_ci(values, seed=5, clusters=ids)
+    assert mean_ci(values, seed=5) == mean_ci(values, seed=5, clusters=ids)
+    other = values + np.random.default_rng(4).normal(0.3, 0.2, size=20)
+    assert compare(other, values, seed=2) == compare(other, values, seed=2, clusters=ids)
+
+
+def test_clustered_n_counts_clusters_and_decides_on_them():
+    from lmlab.core.stats import compare, mean_ci
+
+    values, clusters = _correlated(n_clusters=4, per_cluster=32)
+    assert mean_ci(values, clusters=clusters).n == 4
+    # A consistent tiny shift on 4 prompts x 32 steps: 128 naive pairs would "support" it, 4 prompts cannot
+    # (fewer than min_n=6 independent units).
+    a = values + 0.01
+    naive = compare(a, values, seed=0)
+    clustered = compare(a, values, seed=0, clusters=clusters)
+    assert naive.n == 128 and naive.status == "supported"
+    assert clustered.n == 4 and clustered.status == "inconclusive"
+
+
+def test_clustered_permutation_flips_whole_clusters():
+    from lmlab.core.stats import permutation_test_paired
+
+    d, clusters = _correlated(n_clusters=5, per_cluster=10, seed=7)
+    d = np.abs(d) + 0.1  # every difference positive
+    # naive: 50 positive differences give p ~ 1e-4; by cluster only 5 signs, exact p = 2**-5
+    assert permutation_test_paired(d, np.zeros_like(d), alternative="greater") < 1e-3
+    assert permutation_test_paired(d, np.zeros_like(d), alternative="greater", clusters=clusters) == 2**-5
+
+
+def test_clustered_unpaired_compare_counts_clusters():
+    from lmlab.core.stats import compare
+
+    a, ca = _correlated(n_clusters=6, per_cluster=8, seed=1)
+    b, cb = _correlated(n_clusters=7, per_cluster=8, seed=2)
+    cmp = compare(a + 5.0, b, paired=False, clusters=ca, clusters_b=cb, seed=0)
+    assert cmp.n == 13 and cmp.status == "supported"
+    naive = compare(a, b, paired=False, seed=0)
+    clustered = compare(a, b, paired=False, clusters=ca, clusters_b=cb, seed=0)
+    assert (clustered.ci_high - clustered.ci_low) > 2 * (naive.ci_high - naive.ci_low)
+
+
+def test_clusters_must_match_values():
+    from lmlab.core.stats import bootstrap_ci, mean_ci
+
+    with pytest.raises(ValueError, match="one cluster id per value"):
+        bootstrap_ci([1.0, 2.0, 3.0], clusters=[0, 1])
+    with pytest.raises(ValueError, match="mean only"):
+        bootstrap_ci([1.0, 2.0, 3.0], clusters=[0, 0, 1], stat=np.median)
+    with pytest.raises(ValueError, match="method='bootstrap'"):
+        mean_ci([1.0, 2.0], method="t", clusters=[0, 1])
+
+
+def test_non_inferiority_between_two_identical_constants_is_inconclusive():
+    from lmlab.core.stats import compare
+
+    zeros = np.zeros(40)
+    cmp = compare(zeros, zeros, direction=">", min_effect=-0.02)
+    assert cmp.status == "inconclusive" and "does not discriminate" in cmp.reason
+    # a real non-inferiority result still passes
+    a = np.r_[np.ones(20), np.zeros(20)]
+    assert compare(a, a, direction=">", min_effect=-0.02).status == "supported"

@@ -97,22 +97,46 @@ def run_blocks(result: Any, *, figure_paths: Mapping[str, str] | None = None, le
     ]
     if info.get("error"):
         blocks.append(Para(f"**Error:** `{info['error']}`"))
-    if result.claims:
-        blocks.append(Heading("Claim checks", level + 1))
+    checks = [c for c in result.claims if not getattr(c, "mechanism", False)]
+    mechanisms = [c for c in result.claims if getattr(c, "mechanism", False)]
+    for title, rows, intro in (
+        ("Claim checks", checks, ""),
+        (
+            "Mechanism checks",
+            mechanisms,
+            "These hold by construction (a count the algorithm fixes, a guarantee of the method): they show the "
+            "mechanism works and never gate the verdict.",
+        ),
+    ):
+        if not rows:
+            continue
+        blocks.append(Heading(title, level + 1))
+        if intro:
+            blocks.append(Para(intro))
         blocks.append(
             Table(
-                ["check", "method", "baseline", "effect [95% CI]", "n", "status", "gates verdict"],
+                [
+                    "check",
+                    "method",
+                    "baseline",
+                    "effect [95% CI]",
+                    "n",
+                    "status",
+                    "gates verdict",
+                    "if method = baseline",
+                ],
                 [
                     [
                         c.text,
                         f"{c.method} = {fmt(c.method_value)}",
                         f"{c.baseline} = {fmt(c.baseline_value)}",
                         fmt_ci(c.observed_effect, c.ci[0], c.ci[1]),
-                        c.n,
+                        _n_cell(c),
                         VERDICT.get(c.status, c.status),
                         "yes" if c.gate else "no",
+                        VERDICT.get(c.null_status, c.null_status or "-"),
                     ]
-                    for c in result.claims
+                    for c in rows
                 ],
             )
         )
@@ -202,6 +226,12 @@ def summary_blocks(entries: Sequence[Mapping[str, Any]], *, title: str, intro: s
         )
     )
     return blocks
+
+
+def _n_cell(claim: Any) -> str:
+    """``n`` of a claim check; with clusters, the units and the values behind them (``8 (of 256 values)``)."""
+    n_values = getattr(claim, "n_values", None)
+    return f"{claim.n} (of {n_values} values)" if n_values and n_values != claim.n else str(claim.n)
 
 
 def summary_row(result: Any) -> dict[str, Any]:

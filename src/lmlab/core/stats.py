@@ -96,6 +96,56 @@ def _apply_stat(stat: Callable[..., Any], samples: np.ndarray) -> np.ndarray:
     return np.fromiter((float(stat(row)) for row in samples), dtype=np.float64, count=samples.shape[0])
 
 
+def cluster_codes(clusters: Any, n: int, name: str = "clusters") -> np.ndarray:
+    """Integer codes ``0..G-1`` (in order of first appearance) of the cluster id of each of `n` values.
+
+    `clusters` names the independent unit each value belongs to (a prompt, a document, a seed, a client): values of
+    one cluster are correlated, values of different clusters are independent. Any hashable ids work.
+    """
+    ids = list(clusters)
+    if len(ids) != n:
+        raise ValueError(f"{name} must give one cluster id per value: got {len(ids)} ids for {n} values")
+    codes: dict[Any, int] = {}
+    out = np.empty(n, dtype=np.int64)
+    for i, c in enumerate(ids):
+        try:
+            out[i] = codes.setdefault(c, len(codes))
+        except TypeError:
+            raise ValueError(f"{name}[{i}] = {c!r} is not hashable: cluster ids must be str, int or tuple") from None
+    return out
+
+
+def _cluster_sums(values: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-cluster ``(sums, counts)``, each of shape ``(G,)``."""
+    n_clusters = int(codes.max()) + 1
+    sums = np.bincount(codes, weights=values, minlength=n_clusters)
+    counts = np.bincount(codes, minlength=n_clusters).astype(np.float64)
+    return sums, counts
+
+
+def n_clusters(clusters: Any) -> int:
+    """The number of distinct cluster ids: the ``n`` of a clustered estimate."""
+    return len(set(clusters))
+
+
+def _cluster_boot_means(
+    values: np.ndarray, codes: np.ndarray, rng: np.random.Generator, n_resamples: int
+) -> np.ndarray:
+    """Cluster (block) bootstrap of the pooled mean: draw G clusters with replacement, keep each drawn cluster whole.
+
+    The resampled statistic is the ratio estimator ``sum(cluster sums) / sum(cluster sizes)`` over the drawn clusters
+    (the pooled mean of their values), so clusters of unequal size weigh by size, as the point estimate does.
+    Shapes: sums, counts (G,); idx (k, G) per chunk.
+    """
+    sums, counts = _cluster_sums(values, codes)
+    g = sums.size
+    out = []
+    for k in _chunks(n_resamples, g):
+        idx = rng.integers(0, g, size=(k, g))
+        out.append(sums[idx].sum(axis=1) / counts[idx].sum(axis=1))
+    return np.concatenate(out)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # bootstrap
 # ----------------------------------------------------------------------------------------------------------------
@@ -108,8 +158,9 @@ def bootstrap_ci(
     n_resamples: int = 1000,
     confidence: float = 0.95,
     seed: int = 0,
+    clusters: Any = None,
 ) -> tuple[float, float, float]:
-    """Percentile bootstrap confidence interval of ``stat(values)``.
+    """Percentile bootstrap confidence interval of ``stat(values)``, optionally clustered.
 
     Resamples `values` with replacement `n_resamples` times (``np.random.default_rng(seed)``) and takes the
     ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles (linear interpolation) of the resampled statistic.
@@ -126,11 +177,31 @@ def bootstrap_ci(
         n_resamples: Number of bootstrap resamples (>= 1).
         confidence: Two-sided confidence level in (0, 1).
         seed: Seed of the resampling generator.
+        clusters: Optional cluster id per value (the independent unit: prompt, document, seed, client). Then the
+            bootstrap draws whole clusters with replacement (a block bootstrap), so correlated values of one unit
+            never count as independent evidence; `stat` must be the mean (the pooled mean over the drawn clusters).
+            With one value per cluster the result equals the unclustered bootstrap exactly; with a single cluster the
+            interval has zero width (one unit carries no information about spread).
 
     Returns:
         ``(point, lo, hi)``: ``stat(values)`` and the percentile interval.
     """
     arr = _as_1d(values)
+    if clusters is not None:
+        codes = cluster_codes(clusters, arr.size)
+        if int(codes.max()) + 1 < arr.size:  # some cluster holds several values: resample clusters
+            if stat is not np.mean:
+                raise ValueError("a clustered bootstrap estimates the mean only: pass stat=np.mean with clusters")
+            _check_confidence(confidence)
+            if n_resamples < 1:
+                raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+            point = float(np.mean(arr))
+            if int(codes.max()) == 0 or np.all(arr == arr[0]):
+                return point, point, point
+            boot = _cluster_boot_means(arr, codes, np.random.default_rng(seed), n_resamples)
+            alpha = 1.0 - confidence
+            lo, hi = np.quantile(boot, [alpha / 2.0, 1.0 - alpha / 2.0])
+            return point, float(lo), float(hi)
     _check_confidence(confidence)
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
@@ -154,8 +225,9 @@ def paired_bootstrap_diff(
     n_resamples: int = 1000,
     confidence: float = 0.95,
     seed: int = 0,
+    clusters: Any = None,
 ) -> tuple[float, float, float]:
-    """Bootstrap CI of ``mean(a - b)`` for paired scores (same examples, same order).
+    """Bootstrap CI of ``mean(a - b)`` for paired scores (same examples, same order), optionally clustered.
 
     Resampling examples (not a and b independently) keeps the pairing, which is what makes paired comparisons far
     tighter than unpaired ones when both systems find the same examples hard.
@@ -166,6 +238,7 @@ def paired_bootstrap_diff(
         n_resamples: Number of bootstrap resamples.
         confidence: Two-sided confidence level in (0, 1).
         seed: Seed of the resampling generator.
+        clusters: Optional cluster id per pair (see `bootstrap_ci`): whole clusters of pairs are resampled.
 
     Returns:
         ``(point, lo, hi)`` with ``point = mean(a - b)``.
@@ -174,24 +247,36 @@ def paired_bootstrap_diff(
         ValueError: On a length mismatch (the message names both lengths) or NaN/inf in either input.
     """
     a_arr, b_arr = _paired(a, b)
-    return bootstrap_ci(a_arr - b_arr, stat=np.mean, n_resamples=n_resamples, confidence=confidence, seed=seed)
+    return bootstrap_ci(
+        a_arr - b_arr, stat=np.mean, n_resamples=n_resamples, confidence=confidence, seed=seed, clusters=clusters
+    )
 
 
 def _unpaired_bootstrap_diff(
-    a: np.ndarray, b: np.ndarray, *, n_resamples: int, confidence: float, seed: int
+    a: np.ndarray,
+    b: np.ndarray,
+    *,
+    n_resamples: int,
+    confidence: float,
+    seed: int,
+    codes_a: np.ndarray | None = None,
+    codes_b: np.ndarray | None = None,
 ) -> tuple[float, float, float]:
-    """Independent two-sample percentile bootstrap of ``mean(a) - mean(b)`` (each sample resampled on its own)."""
+    """Independent two-sample percentile bootstrap of ``mean(a) - mean(b)`` (each sample resampled on its own; by
+    whole clusters when cluster codes are given)."""
     point = float(np.mean(a) - np.mean(b))
     rng_a, rng_b = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
 
-    def boot_means(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        if x.size == 1 or np.all(x == x[0]):
+    def boot_means(x: np.ndarray, rng: np.random.Generator, codes: np.ndarray | None = None) -> np.ndarray:
+        if x.size == 1 or np.all(x == x[0]) or (codes is not None and int(codes.max()) == 0):
             return np.full(n_resamples, float(np.mean(x)))
+        if codes is not None and int(codes.max()) + 1 < x.size:
+            return _cluster_boot_means(x, codes, rng, n_resamples)
         return np.concatenate(
             [x[rng.integers(0, x.size, size=(k, x.size))].mean(axis=1) for k in _chunks(n_resamples, x.size)]
         )
 
-    diffs = boot_means(a, rng_a) - boot_means(b, rng_b)
+    diffs = boot_means(a, rng_a, codes_a) - boot_means(b, rng_b, codes_b)
     if np.all(diffs == diffs[0]):
         return point, point, point
     alpha = 1.0 - confidence
@@ -221,8 +306,9 @@ def permutation_test_paired(
     alternative: Alternative = "two-sided",
     *,
     exact_max_n: int = 16,
+    clusters: Any = None,
 ) -> float:
-    """Sign-flip permutation test on the paired differences ``d = a - b``.
+    """Sign-flip permutation test on the paired differences ``d = a - b``, optionally flipping whole clusters.
 
     Under H0 (A and B exchangeable on each example) every difference is symmetric about 0, so flipping signs at
     random gives the null distribution of ``sum(d)``. Zero differences carry no sign and contribute nothing.
@@ -238,6 +324,9 @@ def permutation_test_paired(
         seed: Seed of the sign generator.
         alternative: ``"two-sided"``; ``"greater"`` (H1: A scores higher, mean(a - b) > 0); ``"less"``.
         exact_max_n: Largest n that is enumerated exactly (2**n patterns).
+        clusters: Optional cluster id per pair. Under H0 the differences of one cluster flip sign together (the
+            cluster is the exchangeable unit), so the test runs on the per-cluster sums of ``d`` and ``n`` is the
+            number of clusters.
 
     Returns:
         The p-value in (0, 1].
@@ -245,6 +334,8 @@ def permutation_test_paired(
     _check_alternative(alternative)
     a_arr, b_arr = _paired(a, b)
     d = a_arr - b_arr
+    if clusters is not None:
+        d = _cluster_sums(d, cluster_codes(clusters, d.size))[0]
     n = d.size
     observed = float(d.sum())
     # Sums of the same numbers in another order may differ by rounding; count near-ties as ties.
@@ -272,6 +363,9 @@ def permutation_test_unpaired(
     n_permutations: int = 10000,
     seed: int = 0,
     alternative: Alternative = "two-sided",
+    *,
+    clusters_a: Any = None,
+    clusters_b: Any = None,
 ) -> float:
     """Two-sample label-permutation test on ``mean(a) - mean(b)`` (independent samples, lengths may differ).
 
@@ -284,12 +378,18 @@ def permutation_test_unpaired(
         n_permutations: Random relabellings (also the bound for exact enumeration).
         seed: Seed of the permutation generator.
         alternative: ``"two-sided"``, ``"greater"`` (H1: mean(a) > mean(b)) or ``"less"``.
+        clusters_a: Optional cluster id per value of `a`; clusters_b: the same for `b`. With either, whole clusters
+            are relabelled (the statistic stays the difference of pooled means).
 
     Returns:
         The p-value in (0, 1].
     """
     _check_alternative(alternative)
     a_arr, b_arr = _as_1d(a, "a"), _as_1d(b, "b")
+    if clusters_a is not None or clusters_b is not None:
+        return _permutation_unpaired_clustered(
+            a_arr, b_arr, clusters_a, clusters_b, n_permutations=n_permutations, seed=seed, alternative=alternative
+        )
     pooled = np.concatenate([a_arr, b_arr])
     na, n = a_arr.size, pooled.size
     if np.all(pooled == pooled[0]):
@@ -315,6 +415,39 @@ def permutation_test_unpaired(
     for k in _chunks(n_permutations, n):
         shuffled = rng.permuted(np.broadcast_to(pooled, (k, n)), axis=1)
         extreme += _tail_count(diff_of(shuffled[:, :na].sum(axis=1)), observed, alternative, tol)
+    return (1.0 + extreme) / (1.0 + n_permutations)
+
+
+def _permutation_unpaired_clustered(
+    a: np.ndarray, b: np.ndarray, clusters_a: Any, clusters_b: Any, *, n_permutations: int, seed: int, alternative: str
+) -> float:
+    """Label permutation of whole clusters: statistic ``S_A / C_A - S_B / C_B`` over the clusters labelled A / B."""
+    codes_a = cluster_codes(clusters_a if clusters_a is not None else range(a.size), a.size, "clusters_a")
+    codes_b = cluster_codes(clusters_b if clusters_b is not None else range(b.size), b.size, "clusters_b")
+    sa, ca = _cluster_sums(a, codes_a)
+    sb, cb = _cluster_sums(b, codes_b)
+    sums, counts = np.concatenate([sa, sb]), np.concatenate([ca, cb])  # (G,) each
+    ga, g = sa.size, sa.size + sb.size
+    if np.all(np.concatenate([a, b]) == a[0]):
+        return 1.0
+    observed = float(a.mean() - b.mean())
+    tol = 1e-9 * max(1.0, float(np.abs(np.concatenate([a, b])).max()))
+
+    def stat(mask: np.ndarray) -> np.ndarray:  # mask (k, G) bool, True = labelled A
+        s_a, c_a = (mask * sums).sum(axis=1), (mask * counts).sum(axis=1)
+        return s_a / c_a - (sums.sum() - s_a) / (counts.sum() - c_a)
+
+    if math.comb(g, ga) <= n_permutations:
+        masks = np.zeros((math.comb(g, ga), g), dtype=bool)
+        for row, idx in enumerate(itertools.combinations(range(g), ga)):
+            masks[row, list(idx)] = True
+        return _tail_count(stat(masks), observed, alternative, tol) / float(masks.shape[0])
+    rng = np.random.default_rng(seed)
+    base = np.zeros(g, dtype=bool)
+    base[:ga] = True
+    extreme = 0
+    for k in _chunks(n_permutations, g):
+        extreme += _tail_count(stat(rng.permuted(np.broadcast_to(base, (k, g)), axis=1)), observed, alternative, tol)
     return (1.0 + extreme) / (1.0 + n_permutations)
 
 
@@ -455,8 +588,9 @@ def mean_ci(
     confidence: float = 0.95,
     n_resamples: int = 1000,
     seed: int = 0,
+    clusters: Any = None,
 ) -> Estimate:
-    """Mean of `values` with a confidence interval.
+    """Mean of `values` with a confidence interval (a cluster bootstrap when `clusters` is given).
 
     Args:
         values: 1-D finite samples (NaN/inf raise `ValueError`).
@@ -465,14 +599,20 @@ def mean_ci(
         confidence: Two-sided confidence level in (0, 1).
         n_resamples: Bootstrap resamples (``"bootstrap"`` only).
         seed: Bootstrap seed (``"bootstrap"`` only).
+        clusters: Optional cluster id per value (``"bootstrap"`` only): whole clusters are resampled and ``n`` of
+            the estimate is the number of clusters, the number of independent units.
 
     Returns:
         An `Estimate`.
     """
     arr = _as_1d(values)
     _check_confidence(confidence)
+    if clusters is not None and method != "bootstrap":
+        raise ValueError(f"clusters need method='bootstrap', got method={method!r}")
     if method == "bootstrap":
-        point, lo, hi = bootstrap_ci(arr, n_resamples=n_resamples, confidence=confidence, seed=seed)
+        point, lo, hi = bootstrap_ci(arr, n_resamples=n_resamples, confidence=confidence, seed=seed, clusters=clusters)
+        if clusters is not None:
+            return Estimate(value=point, ci_low=lo, ci_high=hi, n=n_clusters(clusters))
     elif method == "t":
         point = float(arr.mean())
         if arr.size == 1:
@@ -526,7 +666,7 @@ class Comparison:
         ci_low: Lower bound of the CI of the effect.
         ci_high: Upper bound of the CI of the effect.
         p_value: One-sided permutation p-value of H0 "the claim is false at the threshold" (see `compare`).
-        n: Pairs when paired, else ``len(a) + len(b)``.
+        n: Pairs when paired, else ``len(a) + len(b)``; clusters instead of values when clustered.
         status: ``"supported"``, ``"not_supported"`` or ``"inconclusive"``.
         direction: The claimed direction, ``">"`` (A higher) or ``"<"`` (A lower).
         min_effect: The margin of the claim.
@@ -574,6 +714,8 @@ def compare(
     n_resamples: int = 2000,
     n_permutations: int = 10000,
     min_n: int | None = None,
+    clusters: Any = None,
+    clusters_b: Any = None,
 ) -> Comparison:
     """Check the claim "A beats B by more than `min_effect`" against the numbers this run measured.
 
@@ -600,7 +742,8 @@ def compare(
     With ``min_effect=0`` a true null effect stays "inconclusive" however large n is (absence of evidence is not
     evidence of absence). To be able to conclude "no meaningful effect", set `min_effect` to the smallest effect
     that matters: a precise CI below it is then "not_supported". A negative `min_effect` states a non-inferiority
-    claim ("A is not worse than B by more than |min_effect|").
+    claim ("A is not worse than B by more than |min_effect|"); when both systems score one and the same constant on
+    every example (both at 0, both at ceiling) such a claim is "inconclusive": the metric does not discriminate.
 
     The reported `p_value` is complementary and does not enter the status: the one-sided permutation p-value of
     H0 "effect <= t" (``">"``) or "effect >= t" (``"<"``), from the sign-flip test on ``a - b - t`` (paired) or the
@@ -617,6 +760,10 @@ def compare(
         n_resamples: Bootstrap resamples.
         n_permutations: Permutations of the p-value (exact enumeration for small n).
         min_n: Smallest ``n_eff`` for a decisive status; default `default_min_n` (6 at 95%).
+        clusters: Optional cluster id per value of `a` (and of `b` when paired: the pairs share them): the
+            independent unit (prompt, document, seed, client). The CI is then a cluster bootstrap, the p-value flips
+            or relabels whole clusters, and ``n`` / ``n_eff`` count clusters, not values.
+        clusters_b: Cluster ids of `b` when unpaired (default: each value its own cluster).
 
     Returns:
         A `Comparison`.
@@ -632,18 +779,31 @@ def compare(
     t = float(min_effect) if direction == ">" else -float(min_effect)
     alternative: Alternative = "greater" if direction == ">" else "less"
     if paired:
+        if clusters_b is not None:
+            raise ValueError("clusters_b is for unpaired comparisons; paired values share `clusters`")
         a_arr, b_arr = _paired(a, b)
-        effect, lo, hi = bootstrap_ci(a_arr - b_arr, n_resamples=n_resamples, confidence=confidence, seed=boot_seed)
+        effect, lo, hi = bootstrap_ci(
+            a_arr - b_arr, n_resamples=n_resamples, confidence=confidence, seed=boot_seed, clusters=clusters
+        )
         shifted = a_arr - b_arr - t
-        p = permutation_test_paired(shifted, np.zeros_like(shifted), n_permutations, perm_seed, alternative)
-        n, n_eff = int(a_arr.size), int(a_arr.size)
+        p = permutation_test_paired(
+            shifted, np.zeros_like(shifted), n_permutations, perm_seed, alternative, clusters=clusters
+        )
+        n = n_eff = int(a_arr.size) if clusters is None else n_clusters(clusters)
     else:
         a_arr, b_arr = _as_1d(a, "a"), _as_1d(b, "b")
+        codes_a = None if clusters is None else cluster_codes(clusters, a_arr.size)
+        codes_b = None if clusters_b is None else cluster_codes(clusters_b, b_arr.size, "clusters_b")
         effect, lo, hi = _unpaired_bootstrap_diff(
-            a_arr, b_arr, n_resamples=n_resamples, confidence=confidence, seed=boot_seed
+            a_arr, b_arr, n_resamples=n_resamples, confidence=confidence, seed=boot_seed, codes_a=codes_a,
+            codes_b=codes_b,
+        )  # fmt: skip
+        p = permutation_test_unpaired(
+            a_arr - t, b_arr, n_permutations, perm_seed, alternative, clusters_a=clusters, clusters_b=clusters_b
         )
-        p = permutation_test_unpaired(a_arr - t, b_arr, n_permutations, perm_seed, alternative)
-        n, n_eff = int(a_arr.size + b_arr.size), int(min(a_arr.size, b_arr.size))
+        g_a = a_arr.size if clusters is None else n_clusters(clusters)
+        g_b = b_arr.size if clusters_b is None else n_clusters(clusters_b)
+        n, n_eff = int(g_a + g_b), int(min(g_a, g_b))
 
     ci = f"CI [{lo:.4g}, {hi:.4g}] at {confidence:.0%}"
     status: Status
@@ -663,6 +823,12 @@ def compare(
             status, reason = "not_supported", f"{ci} lies at or above the threshold {t:.4g}"
         else:
             status, reason = "inconclusive", f"{ci} straddles the threshold {t:.4g}"
+    lenient = t < 0 if direction == ">" else t > 0  # a non-inferiority claim: a tie passes it
+    if status == "supported" and lenient and np.all(a_arr == a_arr[0]) and np.all(b_arr == a_arr[0]):
+        # Both systems at one and the same constant (typically both at 0 or both at ceiling): the metric does not
+        # discriminate here, so "not worse by more than the margin" is true of any two systems and says nothing.
+        status = "inconclusive"
+        reason = f"both systems score {a_arr[0]:.4g} on every example: the metric does not discriminate; {ci}"
     return Comparison(
         effect=float(effect),
         ci_low=float(lo),
@@ -687,11 +853,13 @@ __all__ = [
     "Comparison",
     "Estimate",
     "bootstrap_ci",
+    "cluster_codes",
     "compare",
     "default_min_n",
     "kendall",
     "mcnemar",
     "mean_ci",
+    "n_clusters",
     "paired_bootstrap_diff",
     "permutation_test_paired",
     "permutation_test_unpaired",
