@@ -26,7 +26,7 @@ class AoEConfig(BaseConfig):
         aux_coef (`float`, 0.01): load-balancing loss weight, same for both models.
         renormalize (`bool`, True): renormalise the top-k gate weights (`moe.py`: yes; megablocks `AoE.py`: no).
         d_model, n_layers, n_heads (`int`): the tiny LM. vocab_size: word-tokenizer size.
-        n_seeds (`int`, 3): model seeds (init and data order). steps, train_batch_size, seq_len, lr, warmup: training.
+        n_seeds (`int`, 6): model seeds (init and data order). steps, train_batch_size, seq_len, lr, warmup: training.
         n_facts (`int`): size of the fact_corpus world (all its documents are used, 10% held out);
             n_corpus_passages (`int`): corpus training passages; eval_windows: held-out windows per domain.
         ablations (`list[str]`): extra part-A systems: ``aoe_no_aux`` (AoE, aux weight 0), ``dense`` (dense FFN with
@@ -54,7 +54,10 @@ class AoEConfig(BaseConfig):
     n_layers: int = param(2, "tiny LM layers (spec: 4; 2 fit the 5-minute budget)")
     n_heads: int = param(4, "attention heads")
     vocab_size: int = param(2048, "word-tokenizer vocabulary (fitted on the training text)")
-    n_seeds: int = param(3, "model seeds (init and data order), same for every system")
+    n_seeds: int = param(
+        6,
+        "model seeds (init and data order), same for every system; the CI's unit (6: fewest a 95% check decides on)",
+    )
     steps: int = param(200, "training steps per model", paper="~100B tokens [unverified]")
     train_batch_size: int = param(16, "training windows per step")
     seq_len: int = param(64, "tokens per training window")
