@@ -192,7 +192,7 @@ def pretrain_lm(
         result.losses.append(float(loss.detach()))
         result.tokens += batch.shape[0] * (batch.shape[1] - 1)
         if on_step is not None:
-            on_step(step, float(loss))
+            on_step(step, result.losses[-1])
         last = step == steps - 1
         if eval_ids is not None and ((eval_every and (step + 1) % eval_every == 0) or last):
             pause = time.perf_counter()
