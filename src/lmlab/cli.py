@@ -357,14 +357,29 @@ def build_parser() -> argparse.ArgumentParser:
     b = bsub.add_parser("decode", help="interleaved decode/prefill speed, bandwidth floor and int4 exactness")
     b.add_argument("--model", default="smollm2-135m")
     b.add_argument("--candidates", nargs="+", default=None, metavar="NAME",
-                   help="subset of: lmlab-int4 lmlab-fp32 hf-fp32 hf-bf16 llama.cpp (default: all)")  # fmt: skip
+                   help="subset of: lmlab-int4 lmlab-fp32 hf-fp32 hf-fp32-static hf-bf16 llama.cpp "
+                        "hf-fp32-compiled (default: all but hf-fp32-compiled)")  # fmt: skip
     b.add_argument("--prompts", type=int, default=3)
     b.add_argument("--prompt-tokens", dest="prompt_tokens", type=int, default=64)
     b.add_argument("--new-tokens", dest="new_tokens", type=int, default=32)
     b.add_argument("--rounds", type=int, default=3)
     b.add_argument("--threads", type=int)
     b.add_argument("--no-exactness", dest="exactness", action="store_false")
-    b.add_argument("--out", default="results/bench/decode.json", help="JSON report path")
+    b.add_argument(
+        "--compile",
+        action="store_true",
+        help="add hf-fp32-compiled: static cache + torch.compile (compiling takes minutes on a small CPU)",
+    )
+    b.add_argument("--compile-mode", dest="compile_mode", default="default", help="torch.compile mode (--compile)")
+    b.add_argument(
+        "--warmup-tokens",
+        dest="warmup_tokens",
+        type=int,
+        default=16,
+        help="tokens each candidate generates before timing (>= 16)",
+    )
+    b.add_argument("--out", help="output folder (results.json and report.txt inside; "
+                                 "default runs/bench/<time>_decode_<model>)")  # fmt: skip
     b.add_argument("-v", "--verbose", action="count", default=0)
     b.add_argument("-q", "--quiet", action="store_true")
     b.set_defaults(func=cmd_bench)
@@ -377,27 +392,52 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_bench(args: argparse.Namespace) -> int:
     if getattr(args, "bench_command", None) != "decode":
         raise UsageError("usage: lmlab bench decode [--model M] [--rounds N] ... (see lmlab bench decode --help)")
-    from lmlab.core.bench_decode import ALL_CANDIDATES, bench_decode, format_report, write_report
+    import time
+    from pathlib import Path
+
+    from lmlab.core.bench_decode import (
+        ALL_CANDIDATES,
+        DEFAULT_CANDIDATES,
+        MIN_WARMUP_TOKENS,
+        bench_decode,
+        check_out_dir,
+        format_report,
+        write_report,
+    )
     from lmlab.runner import quiet_transformers
 
-    for name, value in (("prompts", args.prompts), ("prompt-tokens", args.prompt_tokens),
-                        ("new-tokens", args.new_tokens), ("rounds", args.rounds)):  # fmt: skip
-        if value < 1 or (name == "new-tokens" and value < 2):
-            raise UsageError(f"--{name} must be >= {2 if name == 'new-tokens' else 1}, got {value}")
+    for name, value, least in (("prompts", args.prompts, 1), ("prompt-tokens", args.prompt_tokens, 1),
+                               ("new-tokens", args.new_tokens, 2), ("rounds", args.rounds, 1),
+                               ("warmup-tokens", args.warmup_tokens, MIN_WARMUP_TOKENS)):  # fmt: skip
+        if value < least:
+            raise UsageError(f"--{name} must be >= {least}, got {value}")
+    unknown = [c for c in args.candidates or () if c not in ALL_CANDIDATES]
+    if unknown:
+        raise UsageError(f"--candidates: unknown {', '.join(unknown)}; expected some of {', '.join(ALL_CANDIDATES)}")
+    if args.out is None:
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in Path(args.model).name or args.model)
+        args.out = str(Path("runs") / "bench" / f"{time.strftime('%Y%m%d-%H%M%S')}_decode_{safe}")
+    try:  # a bad --out is refused before the (long) bench runs, not after it
+        out = check_out_dir(args.out)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     with quiet_transformers():
         report = bench_decode(
             args.model,
-            candidates=tuple(args.candidates or ALL_CANDIDATES),
+            candidates=tuple(args.candidates or DEFAULT_CANDIDATES),
             n_prompts=args.prompts,
             prompt_tokens=args.prompt_tokens,
             new_tokens=args.new_tokens,
             rounds=args.rounds,
             threads=args.threads,
             exactness=args.exactness,
+            compile=args.compile,
+            compile_mode=args.compile_mode,
+            warmup_tokens=args.warmup_tokens,
             log=lambda m: print(m, file=sys.stderr),
         )
     print(format_report(report))
-    path = write_report(report, args.out)
+    path = write_report(report, out)
     print(f"\nwrote {path}")
     return EXIT_OK
 

@@ -24,6 +24,45 @@ INT4_TOP1_MIN = 0.95
 INT4_PPL_REL_MAX = 0.02
 
 
+@torch.no_grad()
+def _hf_chunks(model, ids, chunks):
+    """Transformers' logits for `ids` fed in `chunks` through its DynamicCache, [len(ids), vocab]."""
+    from transformers import DynamicCache
+
+    from lmlab.core.generation import cache_kwargs
+
+    cache = DynamicCache(config=model.config)
+    out, at = [], 0
+    for n in chunks:
+        out.append(model(input_ids=torch.tensor([ids[at : at + n]]), **cache_kwargs(model, cache)).logits[0])
+        at += n
+    return torch.cat(out)
+
+
+def _engine_chunks(model, ids, chunks):
+    e = get_engine(model, "fp32")
+    cache = e.new_cache(1, len(ids) + 1)
+    out, at = [], 0
+    for n in chunks:
+        out.append(e.forward(torch.tensor([ids[at : at + n]]), cache, all_logits=True)[0])
+        at += n
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+def test_fp32_engine_logits_bitwise_equal_transformers(which, request):
+    """docs/engine.md's claim: prefill, then 8 single-token steps, through the engine and through transformers'
+    forward (SDPA, its default; same thread count; the same chunks): torch.equal, not a tolerance."""
+    model, tok = request.getfixturevalue(which)
+    assert model.config._attn_implementation == "sdpa"
+    ids = tok(PROMPTS[1])["input_ids"]
+    chunks = (len(ids), *(1,) * 8)
+    extra = decode(model, tok, PROMPTS[1], max_new_tokens=8, engine="fast", eos_token_id=[]).token_ids
+    ids = ids + extra
+    got, ref = _engine_chunks(model, ids, chunks), _hf_chunks(model, ids, chunks)
+    assert torch.equal(got, ref), f"max |diff| {float((got - ref).abs().max())}"
+
+
 def test_smollm2_fp32_engine_greedy_equals_transformers(smollm2):
     model, tok = smollm2
     for prompt in PROMPTS[:2]:
@@ -72,6 +111,6 @@ def test_gemma3_fp32_engine_matches_transformers(gemma3):
         ref = model(input_ids=ids, use_cache=False).logits[0]
     e = get_engine(model, "fp32")
     got = e.forward(ids, e.new_cache(1, 32), all_logits=True)[0]
-    torch.testing.assert_close(got, ref, atol=1e-3, rtol=0)
+    torch.testing.assert_close(got, ref, atol=1e-3, rtol=0)  # one-piece forward (bitwise: the test above)
     fast = decode(model, tok, PROMPTS[0], max_new_tokens=16, engine="fast")
     assert fast.token_ids == hf_generate(model, tok, [PROMPTS[0]], max_new_tokens=16)[0].token_ids

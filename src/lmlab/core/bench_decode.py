@@ -1,12 +1,18 @@
 """`lmlab bench decode`: decode and prefill speed of lmlab's engines against transformers and llama.cpp.
 
 Every candidate runs in one process on the same prompts, interleaved (round r runs the candidates in an order
-rotated by r, each prompt in turn), after one untimed warm-up each:
+rotated by r, each prompt in turn), after an untimed warm-up of at least 16 generated tokens each (calls of the
+timed shape, so a static cache or a compiled graph is built before timing; the warm-up time is reported):
 
 - ``lmlab-int4``: `decode(..., engine="fast-int4")` (the GGUF's own 4-bit blocks through torch's int4 kernel);
 - ``lmlab-fp32``: `decode(..., engine="fast")` (the fp32 weights, exact);
-- ``hf-fp32`` / ``hf-bf16``: transformers' ``model.generate`` (greedy, ``min_new_tokens`` so no early stop);
-- ``llama.cpp``: `llama-cpp-python` on the same GGUF file, when installed (``pip install lmlab[bench]``).
+- ``hf-fp32`` / ``hf-bf16``: transformers' ``model.generate`` (greedy, ``min_new_tokens`` so no early stop) with
+  its default dynamic cache;
+- ``hf-fp32-static``: ``generate(cache_implementation="static")``, transformers' pre-allocated cache;
+- ``hf-fp32-compiled`` (only with ``compile=True`` / ``--compile``: compiling takes minutes on a small CPU): the
+  static cache plus ``torch.compile`` of the decode forward (generate's `CompileConfig`, forced on CPU);
+- ``llama.cpp``: `llama-cpp-python` on the same GGUF file, when installed (``make llamacpp`` builds it with every
+  SIMD extension this CPU has except AMX; its ``llama_print_system_info`` line is recorded).
 
 Per generated token a timestamp is taken (a step callback for lmlab, a logits processor for transformers, the
 token iterator for llama.cpp): prefill time = start -> first token, decode step = the median gap between later
@@ -14,7 +20,14 @@ tokens. Reported per candidate: decode tokens/s, per-step ms (median and IQR ove
 tokens/s; ratios to ``hf-fp32`` and ``llama.cpp`` as medians of per-(round, prompt) ratios (both runs of a pair saw
 the same machine state); and the fraction of the bandwidth floor: weight bytes read per decode step divided by
 the memory read bandwidth measured in the same run (``sum`` over a 256 MB buffer, between rounds), over the
-measured step time. Load averages are recorded; a load above the thread count marks the run contended.
+measured step time. Ratios to ``best HF`` use the fastest transformers row of the run.
+
+Contention: the load averages before and after, and the CPU time other processes used during the timed rounds
+(``/proc/stat`` busy time minus this process's own CPU time, in cores), are recorded. A run is *contended* (and
+``publishable`` false) when other processes used more than `CONTENDED_OTHER_CORES` cores on average, or when the
+1-minute load before the start was `CONTENDED_LOAD_BEFORE` or more. (The load after the run is not a criterion:
+it counts the bench's own threads. In a container whose ``/proc/stat`` shows the whole host, the host's other load
+counts too: a conservative flag.) Publish figures only from uncontended runs.
 
 An exactness section compares the fast engine with transformers: the fp32 engine's greedy tokens against
 ``generate``'s on the bench prompts, and int4 against fp32 teacher-forced on held-out corpus text (KL(fp32 || int4),
@@ -35,7 +48,52 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-ALL_CANDIDATES = ("lmlab-int4", "lmlab-fp32", "hf-fp32", "hf-bf16", "llama.cpp")
+DEFAULT_CANDIDATES = ("lmlab-int4", "lmlab-fp32", "hf-fp32", "hf-fp32-static", "hf-bf16", "llama.cpp")
+ALL_CANDIDATES = (*DEFAULT_CANDIDATES, "hf-fp32-compiled")
+HF_CANDIDATES = ("hf-fp32", "hf-fp32-static", "hf-fp32-compiled", "hf-bf16")
+MIN_WARMUP_TOKENS = 16
+# another process using a quarter of a core on average is already visible in 2-core step times
+CONTENDED_OTHER_CORES = 0.25
+CONTENDED_LOAD_BEFORE = 1.0
+
+
+def check_out_dir(path: str | Path) -> Path:
+    """The results folder `path`, checked before anything runs: an existing folder, or one that can be created.
+
+    Raises `ValueError` (one line) for an existing non-folder, a parent that is not a folder, or a folder that is
+    not writable.
+    """
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out must be a folder (results.json is written inside), but {str(out)!r} is a file")
+    probe = out
+    while not probe.exists():  # the nearest existing ancestor must be a writable folder
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ValueError(f"--out {str(out)!r}: {str(probe)!r} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {str(out)!r}: folder {str(probe)!r} is not writable")
+    return out
+
+
+def _cpu_busy_s() -> float | None:
+    """Seconds of CPU time all processes have used since boot (``/proc/stat``), or None off Linux."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, *rest = (int(x) for x in fields[1:])
+    steal = rest[0] if rest else 0
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
 
 
 def read_bandwidth(mb: int = 256, repeats: int = 5) -> float:
@@ -95,8 +153,24 @@ def _lmlab_runner(
     return run
 
 
-def _hf_runner(model: Any) -> Callable[[list[int], int], tuple[list[int], list[float], float]]:
+def _hf_runner(
+    model: Any, *, static: bool = False, compile_mode: str | None = None
+) -> Callable[[list[int], int], tuple[list[int], list[float], float]]:
+    """`model.generate`, greedy; `static`: ``cache_implementation="static"``; `compile_mode`: also
+    ``torch.compile`` the decode forward (transformers only auto-compiles on GPUs, so the config is forced)."""
     from transformers import LogitsProcessorList
+
+    extra: dict[str, Any] = {}
+    if static or compile_mode:
+        extra["cache_implementation"] = "static"
+    if compile_mode:
+        from transformers import CompileConfig
+
+        cc = CompileConfig(fullgraph=False, dynamic=False, mode=compile_mode)
+        cc._compile_all_devices = True  # generate's switch for compiling off GPU
+        extra["compile_config"] = cc
+    else:
+        extra["disable_compile"] = True
 
     class Stamp:
         def __init__(self) -> None:
@@ -119,6 +193,7 @@ def _hf_runner(model: Any) -> Callable[[list[int], int], tuple[list[int], list[f
             min_new_tokens=n,
             logits_processor=LogitsProcessorList([stamp]),
             pad_token_id=model.generation_config.pad_token_id or 0,
+            **extra,
         )
         return out[0, len(prompt_ids) :].tolist(), stamp.stamps, start
 
@@ -131,6 +206,13 @@ def _llamacpp_runner(gguf_path: str, threads: int, n_ctx: int) -> Callable | Non
     except ImportError:
         return None
     llm = Llama(model_path=gguf_path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
+    try:  # which SIMD paths this llama.cpp build uses (AVX2 / AVX512 / VNNI / BF16 / AMX = 0|1)
+        import llama_cpp
+
+        info = llama_cpp.llama_print_system_info()
+        system_info = (info.decode() if isinstance(info, bytes) else str(info)).strip()
+    except Exception:  # noqa: BLE001 - only a note
+        system_info = "unknown"
 
     def run(prompt_ids: list[int], n: int) -> tuple[list[int], list[float], float]:
         llm.reset()
@@ -144,6 +226,7 @@ def _llamacpp_runner(gguf_path: str, threads: int, n_ctx: int) -> Callable | Non
                 break
         return toks, stamps, start
 
+    run.system_info = system_info  # type: ignore[attr-defined]
     return run
 
 
@@ -192,26 +275,43 @@ def int4_exactness(model: Any, tok: Any, *, n_passages: int = 4, max_tokens: int
 def bench_decode(
     model_spec: str = "smollm2-135m",
     *,
-    candidates: Sequence[str] = ALL_CANDIDATES,
+    candidates: Sequence[str] = DEFAULT_CANDIDATES,
     n_prompts: int = 3,
     prompt_tokens: int = 64,
     new_tokens: int = 32,
     rounds: int = 3,
     threads: int | None = None,
     exactness: bool = True,
+    compile: bool = False,
+    compile_mode: str = "default",
+    warmup_tokens: int = MIN_WARMUP_TOKENS,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run the interleaved benchmark and return the JSON-able report (see the module docstring)."""
+    """Run the interleaved benchmark and return the JSON-able report (see the module docstring).
+
+    Args:
+        candidates: which rows to run (some of `ALL_CANDIDATES`); `compile` adds ``hf-fp32-compiled``.
+        compile_mode (`str`, defaults to ``"default"``): the ``torch.compile`` mode of ``hf-fp32-compiled``.
+        warmup_tokens (`int`, defaults to 16): tokens each candidate generates before timing (at least 16), in
+            calls of the timed shape (prompt_tokens -> new_tokens), so static caches and compiled graphs exist.
+    """
     from lmlab.core.engine import get_engine, gguf_source
     from lmlab.core.models import flop_params, load_model
     from lmlab.data.corpus import generate as corpus
 
-    if threads is not None:
-        torch.set_num_threads(threads)
-    threads = torch.get_num_threads()
     unknown = [c for c in candidates if c not in ALL_CANDIDATES]
     if unknown:
         raise ValueError(f"unknown candidate(s) {unknown}; expected some of {', '.join(ALL_CANDIDATES)}")
+    if warmup_tokens < MIN_WARMUP_TOKENS:
+        raise ValueError(f"warmup_tokens must be >= {MIN_WARMUP_TOKENS}, got {warmup_tokens}")
+    if new_tokens < 2:
+        raise ValueError(f"new_tokens must be >= 2 (a decode step is the gap between two tokens), got {new_tokens}")
+    candidates = list(dict.fromkeys(candidates))
+    if compile and "hf-fp32-compiled" not in candidates:
+        candidates.append("hf-fp32-compiled")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    threads = torch.get_num_threads()
     load_before = os.getloadavg()
     model, tok = load_model(model_spec)
     notes: list[str] = []
@@ -235,6 +335,14 @@ def bench_decode(
     if "hf-fp32" in candidates:
         runners["hf-fp32"] = _hf_runner(model)
         weight_bytes["hf-fp32"] = fp32_bytes
+    if "hf-fp32-static" in candidates:
+        runners["hf-fp32-static"] = _hf_runner(model, static=True)
+        weight_bytes["hf-fp32-static"] = fp32_bytes
+    if "hf-fp32-compiled" in candidates:
+        # generate keeps the compiled forward on the model (`_compiled_call`) but calls it only with a compile
+        # config: the other hf rows pass disable_compile, so they stay eager on the same model
+        runners["hf-fp32-compiled"] = _hf_runner(model, static=True, compile_mode=compile_mode)
+        weight_bytes["hf-fp32-compiled"] = fp32_bytes
     if "hf-bf16" in candidates:
         bf16, _ = load_model(model_spec, dtype="bfloat16")
         runners["hf-bf16"] = _hf_runner(bf16)
@@ -246,9 +354,10 @@ def bench_decode(
         else:
             runner = _llamacpp_runner(gguf_path, threads, prompt_tokens + new_tokens + 16)
             if runner is None:
-                notes.append("llama.cpp: llama-cpp-python is not installed (pip install 'lmlab[bench]'); skipped")
+                notes.append("llama.cpp: llama-cpp-python is not installed (make llamacpp); skipped")
             else:
                 runners["llama.cpp"] = runner
+                notes.append(f"llama.cpp build: {runner.system_info}")
                 from lmlab.core.engine.gguf_file import GGUFIndex
 
                 idx = GGUFIndex(gguf_path)
@@ -268,12 +377,24 @@ def bench_decode(
 
     log(f"bench decode: {model_spec}, {threads} thread(s), {len(prompts)} prompts x {prompt_tokens} tokens, "
         f"{new_tokens} new tokens, {rounds} rounds, candidates: {', '.join(names)}")  # fmt: skip
-    for name in names:  # warm-up (lazy init, allocator)
-        runners[name](prompts[0], 4)
+    # warm-up: >= warmup_tokens generated tokens per candidate, in calls of the timed shape (lazy init, allocator,
+    # static caches, compiled graphs: a different shape would recompile during the timed rounds)
+    warmup_calls = math.ceil(warmup_tokens / new_tokens)
+    warmup: dict[str, dict[str, float]] = {}
+    for name in names:
+        t0 = time.perf_counter()
+        made = 0
+        for c in range(warmup_calls):
+            made += len(runners[name](prompts[c % len(prompts)], new_tokens)[0])
+        warmup[name] = {"tokens": made, "calls": warmup_calls, "seconds": time.perf_counter() - t0}
+        if "compiled" in name:
+            log(f"  {name}: warm-up (incl. torch.compile) {warmup[name]['seconds']:.1f} s")
     runs: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     tokens: dict[str, dict[int, list[int]]] = {n: {} for n in names}
     pairs: list[dict[str, dict[str, float]]] = []
     bandwidths = [read_bandwidth()]
+    load_samples = [list(os.getloadavg())]
+    busy0, own0, wall0 = _cpu_busy_s(), _own_cpu_s(), time.perf_counter()
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for p_i, prompt in enumerate(prompts):
@@ -286,7 +407,12 @@ def bench_decode(
                 tokens[name].setdefault(p_i, toks)
             pairs.append(this)
         bandwidths.append(read_bandwidth())
+        load_samples.append(list(os.getloadavg()))
         log(f"  round {r + 1}/{rounds}: " + ", ".join(f"{n} {runs[n][-1]['step_ms']:.1f} ms/step" for n in names))
+    busy1, own1, wall1 = _cpu_busy_s(), _own_cpu_s(), time.perf_counter()
+    other_cores = None
+    if busy0 is not None and busy1 is not None and wall1 > wall0:
+        other_cores = max(0.0, ((busy1 - busy0) - (own1 - own0)) / (wall1 - wall0))
     bw = statistics.median(bandwidths)
     load_after = os.getloadavg()
 
@@ -303,15 +429,19 @@ def bench_decode(
             "weight_bytes_per_token": weight_bytes[name],
             "bandwidth_floor_ms": floor_ms,
             "fraction_of_bandwidth_floor": floor_ms / step,
+            "warmup": warmup[name],
         }
 
-    def ratio(a: str, b: str) -> float | None:
+    def ratio(a: str, b: str | None) -> float | None:
         if a not in runs or b not in runs:
             return None
         return statistics.median([p[b]["step_ms"] / p[a]["step_ms"] for p in pairs])
 
+    hf_rows = [n for n in names if n in HF_CANDIDATES]
+    best_hf = min(hf_rows, key=lambda n: results[n]["step_ms"]) if hf_rows else None
     for name in names:
         results[name]["speedup_vs_hf_fp32"] = ratio(name, "hf-fp32")
+        results[name]["speedup_vs_best_hf"] = ratio(name, best_hf)
         results[name]["fraction_of_llama_cpp"] = ratio(name, "llama.cpp")
         results[name]["prefill_speedup_vs_hf_fp32"] = (
             statistics.median(
@@ -334,6 +464,10 @@ def bench_decode(
             same.append(a == b[: len(a)])
         exact["fp32_greedy_equals_hf"] = all(same)
         exact["fp32_greedy_equal_prompts"] = f"{sum(same)}/{len(same)}"
+    for name in ("hf-fp32-static", "hf-fp32-compiled"):  # the faster HF rows do the same work as hf-fp32
+        if name in tokens and "hf-fp32" in tokens:
+            same = sum(tokens[name][i] == tokens["hf-fp32"][i] for i in tokens["hf-fp32"])
+            exact[f"{name}_greedy_equal_prompts"] = f"{same}/{len(tokens['hf-fp32'])}"
     if "lmlab-int4" in tokens and "lmlab-fp32" in tokens:
         agree = [
             sum(a == b for a, b in zip(tokens["lmlab-int4"][i], tokens["lmlab-fp32"][i])) / new_tokens
@@ -343,19 +477,31 @@ def bench_decode(
     if exactness and "lmlab-int4" in candidates:
         exact["int4_vs_fp32_heldout"] = int4_exactness(model, tok)
 
-    contended = max(load_before[0], load_after[0]) > threads
+    reasons = []
+    if other_cores is not None and other_cores > CONTENDED_OTHER_CORES:
+        reasons.append(f"other processes used {other_cores:.2f} cores during the timed rounds "
+                       f"(> {CONTENDED_OTHER_CORES})")  # fmt: skip
+    if load_before[0] >= CONTENDED_LOAD_BEFORE:
+        reasons.append(f"1-minute load {load_before[0]:.2f} before the start (>= {CONTENDED_LOAD_BEFORE})")
     report = {
         "model": model_spec,
         "threads": threads,
+        "cpu_count": os.cpu_count(),
         "prompts": len(prompts),
         "prompt_tokens": prompt_tokens,
         "new_tokens": new_tokens,
         "rounds": rounds,
+        "warmup_tokens": warmup_tokens,
         "read_bandwidth_gb_s": bw / 1e9,
         "bandwidth_samples_gb_s": [b / 1e9 for b in bandwidths],
         "loadavg_before": list(load_before),
         "loadavg_after": list(load_after),
-        "contended": contended,
+        "loadavg_between_rounds": load_samples,
+        "other_processes_cores": other_cores,
+        "contended": bool(reasons),
+        "contention_reasons": reasons,
+        "publishable": not reasons,
+        "best_hf": best_hf,
         "torch": torch.__version__,
         "results": results,
         "exactness": exact,
@@ -364,6 +510,10 @@ def bench_decode(
             "int4_vs_hf_fp32_generate": {
                 "target": 2.0,
                 "measured": results.get("lmlab-int4", {}).get("speedup_vs_hf_fp32"),
+            },
+            "int4_vs_best_hf": {
+                "target": 1.0,
+                "measured": results.get("lmlab-int4", {}).get("speedup_vs_best_hf"),
             },
             "int4_fraction_of_llama_cpp": {
                 "target": 0.5,
@@ -380,23 +530,36 @@ def format_report(report: dict[str, Any]) -> str:
     def f(v: Any, fmt: str) -> str:
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
+    other = report.get("other_processes_cores")
     lines = [
-        f"model {report['model']}, {report['threads']} thread(s), {report['prompts']} prompts x "
-        f"{report['prompt_tokens']} tokens -> {report['new_tokens']} new, {report['rounds']} interleaved rounds; "
-        f"read bandwidth {report['read_bandwidth_gb_s']:.1f} GB/s; load {report['loadavg_before'][0]:.1f} -> "
-        f"{report['loadavg_after'][0]:.1f}" + (" (CONTENDED: ratios are what to read)" if report["contended"] else ""),
+        f"model {report['model']}, {report['threads']} thread(s) of {report.get('cpu_count')} CPUs, "
+        f"{report['prompts']} prompts x {report['prompt_tokens']} tokens -> {report['new_tokens']} new, "
+        f"{report['rounds']} interleaved rounds after a {report.get('warmup_tokens', '?')}-token warm-up; read "
+        f"bandwidth {report['read_bandwidth_gb_s']:.1f} GB/s; load {report['loadavg_before'][0]:.2f} -> "
+        f"{report['loadavg_after'][0]:.2f}; other processes {f(other, '.2f')} cores",
+    ]
+    if report["contended"]:
+        lines.append("CONTENDED (" + "; ".join(report.get("contention_reasons", [])) + "): not for publication; "
+                     "ratios are what to read; rerun on a quiet machine")  # fmt: skip
+    lines += [
         "",
-        f"{'candidate':<12} {'decode tok/s':>12} {'ms/step':>9} {'IQR':>13} {'prefill tok/s':>14} "
-        f"{'x hf-fp32':>9} {'x llama.cpp':>11} {'MB/token':>9} {'% bw floor':>10}",
+        f"{'candidate':<16} {'decode tok/s':>12} {'ms/step':>9} {'IQR':>13} {'prefill tok/s':>14} "
+        f"{'x hf-fp32':>9} {'x best hf':>9} {'x llama.cpp':>11} {'MB/token':>9} {'% bw floor':>10}",
     ]
     for name, r in report["results"].items():
         iqr = r["step_ms_iqr"]
         lines.append(
-            f"{name:<12} {f(r['decode_tok_s'], '.1f'):>12} {f(r['step_ms'], '.1f'):>9} "
+            f"{name:<16} {f(r['decode_tok_s'], '.1f'):>12} {f(r['step_ms'], '.1f'):>9} "
             f"{f(iqr[0], '.1f') + '-' + f(iqr[1], '.1f'):>13} {f(r['prefill_tok_s'], '.0f'):>14} "
-            f"{f(r['speedup_vs_hf_fp32'], '.2f'):>9} {f(r['fraction_of_llama_cpp'], '.2f'):>11} "
+            f"{f(r['speedup_vs_hf_fp32'], '.2f'):>9} {f(r.get('speedup_vs_best_hf'), '.2f'):>9} "
+            f"{f(r['fraction_of_llama_cpp'], '.2f'):>11} "
             f"{r['weight_bytes_per_token'] / 1e6:>9.1f} {f(100 * r['fraction_of_bandwidth_floor'], '.0f'):>10}"
         )
+    if report.get("best_hf"):
+        lines.append(f"(best hf = {report['best_hf']}, the fastest transformers row of this run)")
+    compiled = report["results"].get("hf-fp32-compiled")
+    if compiled:
+        lines.append(f"hf-fp32-compiled warm-up incl. torch.compile: {compiled['warmup']['seconds']:.1f} s")
     ex = report.get("exactness", {})
     if ex:
         lines.append("")
@@ -404,6 +567,9 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(
                 f"fp32 engine greedy tokens == transformers generate: {ex['fp32_greedy_equal_prompts']} prompts"
             )
+        for name in ("hf-fp32-static", "hf-fp32-compiled"):
+            if f"{name}_greedy_equal_prompts" in ex:
+                lines.append(f"{name} greedy tokens == hf-fp32's: {ex[f'{name}_greedy_equal_prompts']} prompts")
         if "int4_greedy_token_agreement" in ex:
             lines.append(f"int4 vs fp32 greedy token agreement (position by position): "
                          f"{ex['int4_greedy_token_agreement']:.2f}")  # fmt: skip
@@ -418,6 +584,7 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append("")
     for key, label in (
         ("int4_vs_hf_fp32_generate", "x transformers generate"),
+        ("int4_vs_best_hf", "x the best transformers row"),
         ("int4_fraction_of_llama_cpp", "of llama.cpp"),
     ):
         m = t[key]["measured"]
@@ -427,8 +594,13 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_report(report: dict[str, Any], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2))
-    return path
+def write_report(report: dict[str, Any], out_dir: str | Path) -> Path:
+    """Write ``results.json`` (and the table as ``report.txt``) into the folder `out_dir`, each atomically
+    (a temporary file renamed over the old one). Returns the path of results.json."""
+    from lmlab.results import atomic_write_text
+
+    out = check_out_dir(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "report.txt", format_report(report) + "\n")
+    atomic_write_text(out / "results.json", json.dumps(report, indent=2))
+    return out / "results.json"

@@ -7,10 +7,14 @@ Gemma-3-270M) and recomputes its forward pass with fewer, larger ops:
   sequence outgrows it); appending is a slice copy, rewinding (`KVCache.crop`) just sets the length: O(1).
   Gemma's sliding-window layers keep a ring of the last ``window - 1`` positions (HF's own sliding-cache contract,
   so memory stays bounded; like HF's, such a layer cannot be cropped once it has seen ``window`` positions, and the
-  caller re-prefills).
+  caller re-prefills). Column ``c`` lives in slot ``c % (window - 1)``; attention reads the ring unrolled into time
+  order (oldest first), exactly the key sequence HF's `DynamicSlidingWindowLayer` holds.
 - **fp32 weights** (``weights="fp32"``): the HF modules' own weight tensors are used in place (no copy, so a model
-  modified in place is seen at once), one `F.linear` per HF projection: the same products HF computes, so greedy
-  tokens match transformers' (attention goes through SDPA; logits agree to ~1e-6).
+  modified in place is seen at once), one `F.linear` per HF projection, the keys in HF's order and SDPA: the same
+  ops on the same shapes as transformers' SDPA forward, so the logits are bitwise equal to HF's when HF is fed the
+  same chunks (same thread count; `tests/core/test_engine.py`). They are not bitwise equal to HF fed the tokens in
+  other chunks (a GEMM over 1 row rounds differently from one over 40: ~1e-5 relative), nor to HF's ``eager``
+  attention (matmul + softmax instead of the fused SDPA kernel).
 - **int4 weights** (``weights="int4"``): large matrices run through torch's CPU int4 kernel
   (`lmlab.core.engine.quant`), with q/k/v fused into one matrix and gate/up into another. Codes come straight
   from the GGUF's Q4_0 / Q4_1 / Q4_K blocks when the model's fp32 weights are those blocks dequantized (checked
@@ -45,7 +49,6 @@ logger = logging.getLogger(__name__)
 
 ARCHS = {"LlamaForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3"}
 WEIGHTS = ("fp32", "int4")
-_NEG_COL = -(1 << 40)  # column of an empty ring slot
 
 
 class EngineUnsupported(RuntimeError):
@@ -78,6 +81,8 @@ def unsupported_reason(model: Any) -> str | None:
             return "attention logit soft-capping is not supported"
         if getattr(cfg, "use_bidirectional_attention", False):
             return "bidirectional attention is not supported"
+        if "sliding_attention" in (getattr(cfg, "layer_types", None) or []) and int(cfg.sliding_window) < 2:
+            return f"a sliding window of {cfg.sliding_window} is not supported (needs >= 2)"
     rope = getattr(cfg, "rope_parameters", None) or {}
     ropes = rope.values() if arch == "gemma3" and isinstance(next(iter(rope.values()), None), dict) else [rope]
     for r in ropes:
@@ -158,7 +163,9 @@ class _Int4Proj:
 class KVCache:
     """Static per-layer K/V buffers for `batch` rows (left padding: row b's tokens start at column ``pad[b]``).
 
-    `length` is the number of filled columns (shared by all rows). Crop is O(1) for full-attention layers.
+    `length` is the number of filled columns (shared by all rows). Crop is O(1). A sliding layer's ring of
+    ``window - 1`` slots holds the columns ``[max(0, length - window + 1), length)``, column ``c`` in slot
+    ``c % (window - 1)``: in time order until it wraps, a rotation of time order after (`ring_parts`).
     """
 
     def __init__(self, engine: FastEngine, batch: int, capacity: int, pad: Sequence[int] | None = None) -> None:
@@ -176,7 +183,6 @@ class KVCache:
             size = e.window - 1 if t == "sliding" else self.capacity
             self.k.append(torch.zeros(batch, e.n_kv, size, e.head_dim))
             self.v.append(torch.zeros(batch, e.n_kv, size, e.head_dim))
-        self.ring_cols = torch.full((max(e.window - 1, 1),), _NEG_COL, dtype=torch.long) if e.has_sliding else None
 
     def get_seq_length(self) -> int:
         return self.length
@@ -198,21 +204,41 @@ class KVCache:
             self._grow(needed)
 
     def can_crop(self, length: int) -> bool:
+        """True if the cache can be cut back to its first `length` columns with every key the next step needs.
+
+        A step at column `length` needs, in a sliding layer, the columns ``[length - window + 1, length)``; the
+        ring holds ``[self.length - window + 1, self.length)``. So once ``self.length >= window`` (the ring has
+        dropped column 0) only ``length == self.length`` (a no-op) is possible; at ``self.length == window - 1``
+        the ring is full but has dropped nothing, and any shorter length is fine. This is HF's
+        `DynamicSlidingWindowLayer.crop` contract (it refuses once ``cumulative_length >= sliding_window``).
+        """
         if not 0 <= length <= self.length:
             return False
         if length == self.length:
             return True
-        # a sliding ring holds only the last window-1 columns: like HF, no crop once it has seen `window` columns
         return not (self.engine.has_sliding and self.length >= self.engine.window)
 
     def crop(self, length: int) -> bool:
         """Keep the first `length` columns. False (cache unchanged) if a sliding layer cannot go back that far."""
         if not self.can_crop(length):
             return False
-        if self.ring_cols is not None and length < self.length:
-            self.ring_cols.masked_fill_(self.ring_cols >= length, _NEG_COL)
+        # a ring that has not wrapped holds column c in slot c: cutting the length is enough
         self.length = length
         return True
+
+    def ring_parts(self, store: torch.Tensor, length: int | None = None) -> tuple[torch.Tensor, ...]:
+        """A sliding layer's ring `store` ([batch, kv_heads, window - 1, head_dim]) as views in time order.
+
+        Their concatenation holds the columns ``[max(0, length - window + 1), length)``, oldest first: one view
+        (``store[:, :, :length]``) until the ring wraps, two after (the slots from ``length % (window - 1)`` on,
+        then the ones before). `length` defaults to ``self.length``; a shorter one must satisfy `can_crop`.
+        """
+        length = self.length if length is None else length
+        size = store.shape[2]  # window - 1
+        if length <= size:
+            return (store[:, :, :length],)
+        start = length % size  # slot of the oldest column held, length - size
+        return (store[:, :, start:], store[:, :, :start]) if start else (store,)
 
     def clone(self) -> KVCache:
         """An independent copy (only the filled columns are copied)."""
@@ -228,7 +254,6 @@ class KVCache:
                     buf = torch.zeros_like(src[i])
                     buf[:, :, : self.length] = src[i][:, :, : self.length]
                     dst.append(buf)
-        other.ring_cols = None if self.ring_cols is None else self.ring_cols.clone()
         return other
 
     def __deepcopy__(self, memo: dict) -> KVCache:
@@ -237,20 +262,35 @@ class KVCache:
     def to_hf(self, model: Any, length: int) -> tuple[Any, int]:
         """A transformers `DynamicCache` holding the first `length` positions (row 0), and how many it holds.
 
-        For a model with sliding layers past their window the early keys are gone: an empty cache, 0 (the caller
-        feeds the prefix itself), as HF's own cache gives after a failed crop.
+        A sliding layer hands over what HF's `DynamicSlidingWindowLayer` would hold after `length` positions: the
+        last ``window - 1`` keys in time order (the ring unrolled), with its position count at `length` (so HF's
+        masks and rope positions continue from there). When `length` is shorter than the cache and a sliding layer
+        is past its window (`can_crop` is False), the early keys are gone: an empty cache, 0 (the caller feeds the
+        prefix itself), as HF's own cache gives after a failed crop.
         """
         from transformers import DynamicCache
 
         cache = DynamicCache(config=model.config)
         if length == 0 or not self.can_crop(length) or self.batch != 1 or self.padded:
             return cache, 0
-        for i, t in enumerate(self.engine.layer_types):
+        e = self.engine
+        layers = getattr(cache, "layers", None)
+        for i, t in enumerate(e.layer_types):
             if t == "sliding":
-                k, v = self.k[i][:, :, :length], self.v[i][:, :, :length]  # ring slot == column before the window
+                hf_layer = layers[i] if layers is not None and i < len(layers) else None
+                held = min(length, e.window - 1)
+                if held < length and getattr(hf_layer, "sliding_window", None) != e.window:
+                    return DynamicCache(config=model.config), 0  # not a sliding HF layer: it would keep the zeros
+                k = torch.cat(self.ring_parts(self.k[i], length), dim=2)  # [1, kv_heads, held, head_dim]
+                v = torch.cat(self.ring_parts(self.v[i], length), dim=2)
+                if held < length:
+                    # HF counts positions by the keys it was given and keeps the last window - 1: lead with zeros
+                    # for the dropped columns, which its update discards at once
+                    pad = k.new_zeros(k.shape[0], k.shape[1], length - held, k.shape[3])
+                    k, v = torch.cat((pad, k), dim=2), torch.cat((pad, v), dim=2)
             else:
-                k, v = self.k[i][:, :, :length], self.v[i][:, :, :length]
-            cache.update(k.clone(), v.clone(), i)
+                k, v = self.k[i][:, :, :length].clone(), self.v[i][:, :, :length].clone()
+            cache.update(k, v, i)
         return cache, length
 
 
@@ -324,9 +364,13 @@ class FastEngine:
             self.scaling = cfg.query_pre_attn_scalar**-0.5
             self.softcap = getattr(cfg, "final_logit_softcapping", None)
             rot = inner.rotary_emb
+            # HF builds a rope table only per layer type present (a gemma3 without sliding layers has none)
             self._inv_freq = {
-                "sliding": (rot.sliding_attention_inv_freq.float(), float(rot.sliding_attention_attention_scaling)),
-                "full": (rot.full_attention_inv_freq.float(), float(rot.full_attention_attention_scaling)),
+                t: (
+                    getattr(rot, f"{t}_attention_inv_freq").float(),
+                    float(getattr(rot, f"{t}_attention_attention_scaling")),
+                )
+                for t in sorted(set(self.layer_types))
             }
         else:
             self.layer_types = ["full"] * self.n_layers
@@ -535,18 +579,21 @@ class FastEngine:
                 full_mask = full_mask | (kcol == qcol)  # a pad query attends to itself only (no NaN rows)
             full_mask = full_mask[:, None]  # [B or 1, 1, L, end]
         slide_mask = None
-        write_cols = None
+        pack_gqa = False
         if self.has_sliding:
             W = self.window
-            ring = cache.ring_cols
-            kcol = torch.cat((ring, cols))[None, None, :]
-            slide_mask = (kcol <= qcol) & (kcol > qcol - W) & (kcol >= 0)
-            if cache.padded:
-                slide_mask = (slide_mask & (kcol >= cache.pad[:, None, None])) | (kcol == qcol)
-            slide_mask = slide_mask[:, None]
+            # keys: the ring unrolled into time order (columns [lo, s)), then the new ones: HF's key sequence
+            lo = max(0, s - (W - 1))
+            if cache.padded or L > 1:
+                kcol = torch.arange(lo, end)[None, None, :]
+                slide_mask = (kcol <= qcol) & (kcol > qcol - W)
+                if cache.padded:
+                    slide_mask = (slide_mask & (kcol >= cache.pad[:, None, None])) | (kcol == qcol)
+                slide_mask = slide_mask[:, None]  # [B or 1, 1, L, end - lo]
+            # (one unpadded new token sees all of [s - W + 1, s]: no mask, as for full layers)
+            pack_gqa = L == 1 and not cache.padded and s >= W - 1 and self.n_kv != self.n_heads
             n_keep = min(L, W - 1)
-            write_cols = torch.arange(end - n_keep, end)
-            write_slots = write_cols % (W - 1)
+            write_slots = torch.arange(end - n_keep, end) % (W - 1)
         nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
         gemma = self.arch == "gemma3"
         for i, layer in enumerate(self.layers):
@@ -561,8 +608,8 @@ class FastEngine:
                 q, k = qk[:, :nh], qk[:, nh:]
             v = v.view(B, L, nkv, hd).transpose(1, 2)
             if layer.sliding:
-                keys = torch.cat((cache.k[i], k), dim=2)
-                vals = torch.cat((cache.v[i], v), dim=2)
+                keys = torch.cat((*cache.ring_parts(cache.k[i], s), k), dim=2)  # [B, kv, end - lo, D]
+                vals = torch.cat((*cache.ring_parts(cache.v[i], s), v), dim=2)
                 mask = slide_mask
                 cache.k[i][:, :, write_slots] = k[:, :, L - n_keep :]
                 cache.v[i][:, :, write_slots] = v[:, :, L - n_keep :]
@@ -572,9 +619,16 @@ class FastEngine:
                 keys = cache.k[i][:, :, :end]
                 vals = cache.v[i][:, :, :end]
                 mask = full_mask
-            attn = F.scaled_dot_product_attention(
-                q, keys, vals, attn_mask=mask, scale=self.scaling, enable_gqa=nkv != nh
-            )
+            if layer.sliding and pack_gqa:
+                # one query against a full window: HF keeps its (all-True) mask there, and with a mask it packs
+                # each kv group's query heads as rows, [B, kv, nh / kv, D], instead of enable_gqa's [B, nh, 1, D];
+                # the kernel rounds the two layouts differently, so use HF's (the all-True mask changes nothing)
+                attn = F.scaled_dot_product_attention(q.reshape(B, nkv, nh // nkv, hd), keys, vals, scale=self.scaling)
+                attn = attn.reshape(B, nh, 1, hd)
+            else:
+                attn = F.scaled_dot_product_attention(
+                    q, keys, vals, attn_mask=mask, scale=self.scaling, enable_gqa=nkv != nh
+                )
             attn = attn.transpose(1, 2).reshape(B * L, nh * hd)
             (o,) = layer.o(attn)
             if gemma:
@@ -587,8 +641,6 @@ class FastEngine:
             if gemma:
                 d = self._norm(layer.norms[3], d)
             x = x + d.view(B, L, -1)
-        if write_cols is not None:
-            cache.ring_cols[write_slots] = write_cols
         cache.length = end
         if not all_logits:
             x = x[:, -1]
