@@ -52,3 +52,48 @@ def test_claim_direction_on_smollm2(smollm2):
     assert result.metric(s, "resident_ratio").value < 0.35
     # the paper's observation: pre-RoPE keys are lower-rank than post-RoPE keys
     assert result.metric("pre_rope_keys", "rank90").value < result.metric("post_rope_keys", "rank90").value
+
+
+def test_chunked_prefill_equals_one_shot_in_smollm2(smollm2):
+    """A 600-token prompt prefilled in 4 calls of 160 tokens gives the same sparse decode as one call."""
+    from lmlab.core.attention import use_controller
+    from lmlab.data.ruler import filler_text
+    from lmlab.methods.efficiency.shadowkv.method import (
+        KVSelectionController,
+        ShadowKV,
+        prefill,
+        teacher_forced_logprobs,
+    )
+
+    model, tok = smollm2
+    ids = tok(filler_text(2, 5000), return_tensors="pt").input_ids[:, :610]
+    n, steps = 600, 6
+    lps = []
+    for chunk in (None, 160):
+        ctrl = KVSelectionController({"shadowkv": ShadowKV(64, 48, outlier_chunks=2)}, active="shadowkv")
+        with torch.no_grad(), use_controller(model, ctrl):
+            cache, _ = prefill(model, ids[:, :n], controller=ctrl, chunk_tokens=chunk)
+            lps.append(teacher_forced_logprobs(model, cache, ids, n, steps))
+    torch.testing.assert_close(lps[1], lps[0], atol=2e-3, rtol=0)
+
+
+def test_full_budget_shadowkv_equals_dense_in_gemma3(gemma3):
+    """Gemma-3-270M: keys after k_norm, only the full-attention layers sparsified; at full budget/rank = dense."""
+    from lmlab.core.attention import use_controller
+    from lmlab.data.ruler import filler_text
+    from lmlab.methods.efficiency.shadowkv.method import KVSelectionController, ShadowKV
+
+    model, tok = gemma3
+    cfg = model.config
+    ids = tok(filler_text(1, 6000), return_tensors="pt").input_ids[:, :700]  # past the 512-token sliding window
+    width = cfg.num_key_value_heads * cfg.head_dim
+    with torch.no_grad():
+        dense = model.generate(ids, max_new_tokens=6, do_sample=False)
+        ctrl = KVSelectionController({"shadowkv": ShadowKV(4096, width, outlier_chunks=4)}, active="shadowkv")
+        with use_controller(model, ctrl):
+            sparse = model.generate(ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(dense, sparse)
+    full = tuple(i for i, t in enumerate(cfg.layer_types) if t == "full_attention")
+    assert ctrl.sparse_layers == full and 0 < len(full) < cfg.num_hidden_layers
+    assert ctrl.support.key_site == "k_norm" and set(ctrl.states["shadowkv"]) == set(full)
+    assert set(ctrl.attended["shadowkv"]) == {ids.shape[1]}

@@ -27,9 +27,11 @@ from lmlab.methods.efficiency.shadowkv.method import (
     fidelity,
     landmarks_and_outliers,
     low_rank_keys,
+    model_support,
     prefill,
     rebuild_keys,
     rewind,
+    rope_tables,
     teacher_forced_logprobs,
 )
 
@@ -268,3 +270,161 @@ def test_config_rejects_bad_values():
         ShadowKVConfig(retrieval_task="qa")
     cfg = ShadowKVConfig()
     assert cfg.outliers_for(2048) == 48 and cfg.outliers_for(128) == 3 and cfg.outliers_for(64) == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Chunked prefill (explicit phase), Gemma-3 (keys after k_norm, sliding layers dense), unsupported models, clusters
+
+
+def _decode_all(model, ctrl, cache, ids, n, steps, names):
+    out = {}
+    for name in names:
+        ctrl.active = name
+        out[name] = teacher_forced_logprobs(model, cache, ids, n, steps)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["tiny_llama", "tiny_gemma"])
+def test_chunked_prefill_then_decode_equals_one_shot_prefill(arch, request, ids):
+    """Several prefill calls with q_len > 1 and q_len != k_len build the same state as one call (sparse budget).
+
+    The old rule (prefill iff q_len == k_len) read the second chunk as a decode step: the state then covered the
+    first chunk only, so the sparse decode differed.
+    """
+    model = request.getfixturevalue(arch)
+    n, steps = 150, 6
+    width = model.config.num_key_value_heads * model.config.head_dim
+
+    def run(chunk):
+        sels = {"shadowkv": ShadowKV(16, width // 2, outlier_chunks=1), "streaming": StreamingLLM(40, 4)}
+        ctrl = KVSelectionController(sels)
+        with torch.no_grad(), use_controller(model, ctrl):
+            cache, last = prefill(model, ids[:, :n], controller=ctrl, chunk_tokens=chunk)
+            lps = _decode_all(model, ctrl, cache, ids, n, steps, ["shadowkv", "streaming"])
+        return ctrl, last, lps
+
+    one, last1, lp1 = run(None)
+    chunked, last2, lp2 = run(48)  # calls of 48, 48, 48, 6 tokens
+    torch.testing.assert_close(last2, last1, atol=1e-4, rtol=0)
+    for layer in one.sparse_layers:
+        a, b = one.states["shadowkv"][layer], chunked.states["shadowkv"][layer]
+        assert a.n == b.n == n
+        torch.testing.assert_close(b.U @ b.SV[:, 0], a.U @ a.SV[:, 0], atol=1e-4, rtol=0)  # sign-free low-rank keys
+        assert torch.equal(a.landmark_idx, b.landmark_idx)
+        torch.testing.assert_close(b.landmarks, a.landmarks, atol=1e-4, rtol=0)
+        torch.testing.assert_close(b.local_k, a.local_k, atol=1e-4, rtol=0)
+        assert chunked.states["streaming"][layer].n == n
+    for name in lp1:
+        torch.testing.assert_close(lp2[name], lp1[name], atol=1e-3, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
+    assert set(chunked.attended["shadowkv"]) == set(one.attended["shadowkv"])
+
+
+def test_prefill_phase_errors_are_explicit(tiny_llama, ids):
+    with pytest.raises(ValueError, match="chunk_tokens=16 < 40 tokens"):
+        prefill(tiny_llama, ids[:, :40], chunk_tokens=16)  # a chunked prefill needs the controller to declare it
+    ctrl = KVSelectionController({"shadowkv": ShadowKV(16, 8)})
+    with torch.no_grad(), use_controller(tiny_llama, ctrl):
+        ctrl.begin_prefill(50)
+        cache = tiny_llama(input_ids=ids[:, :40], use_cache=True).cache
+        with pytest.raises(ValueError, match="crosses the declared prefill of 50 tokens"):
+            tiny_llama(input_ids=ids[:, 40:60], cache=cache, use_cache=True)
+    with pytest.raises(ValueError, match="prompt length >= 1, got 0"):
+        ctrl.begin_prefill(0)
+
+
+def test_gemma3_full_budget_equals_dense_and_sliding_layers_stay_dense(tiny_gemma, ids):
+    """tiny-gemma3 (1 sliding + 1 full layer, window 16): at full budget and rank, ShadowKV equals dense attention.
+
+    This needs the keys captured after k_norm and re-rotated with the full-attention RoPE table (theta 1e6).
+    """
+    model = tiny_gemma
+    cfg = model.config
+    assert cfg.model_type == "gemma3_text" and hasattr(model.model.layers[0].self_attn, "k_norm")
+    assert "sliding_attention" in cfg.layer_types and "full_attention" in cfg.layer_types
+    n, steps = 120, 8  # far past the sliding window
+    width = cfg.num_key_value_heads * cfg.head_dim
+    ctrl = KVSelectionController({"shadowkv": ShadowKV(1024, width, outlier_chunks=2), "full_sel": FullKV()})
+    with torch.no_grad(), use_controller(model, ctrl):
+        cache, _ = prefill(model, ids[:, :n], controller=ctrl)
+        out = _decode_all(model, ctrl, cache, ids, n, steps, ["full", "shadowkv", "full_sel"])
+        ctrl.active = "shadowkv"  # generate from scratch: an undeclared forward on an empty cache is the prefill
+        gen = model.generate(input_ids=ids[:1, : n + 1], max_new_tokens=4, do_sample=False)
+    ref = _dense_logprobs(model, ids, n, steps)
+    for name, lp in out.items():
+        torch.testing.assert_close(lp, ref, atol=1e-3, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
+    with torch.no_grad():
+        assert torch.equal(gen, model.generate(input_ids=ids[:1, : n + 1], max_new_tokens=4, do_sample=False))
+    # which layers were sparsified: the full-attention one only
+    full = tuple(i for i, t in enumerate(cfg.layer_types) if t == "full_attention")
+    assert ctrl.sparse_layers == full and ctrl.support.dense_layers == (0,) and ctrl.support.key_site == "k_norm"
+    assert set(ctrl.states["shadowkv"]) == set(full) and ctrl.states["shadowkv"][full[0]].n == n + 1
+    assert ctrl.attended["shadowkv"] == [n] * steps * len(full) + [n + 1] * 3 * len(full)  # 3 decode steps of 4
+    # the RoPE tables are the full-attention layers' ones, not the sliding layers'
+    cos, _ = rope_tables(model, 64)
+    pos = torch.arange(64).unsqueeze(0)
+    want, _ = model.model.rotary_emb(torch.zeros(1), pos, "full_attention")
+    other, _ = model.model.rotary_emb(torch.zeros(1), pos, "sliding_attention")
+    torch.testing.assert_close(cos, want[0])
+    assert not torch.allclose(cos, other[0])
+
+
+def test_gemma3_captured_keys_are_k_norm_of_k_proj(tiny_gemma, ids):
+    """The pre-RoPE keys ShadowKV factorises are k_norm(k_proj(x)) (what Gemma3Attention rotates), not k_proj(x)."""
+    model = tiny_gemma
+    layer = model.config.layer_types.index("full_attention")
+    attn = model.model.layers[layer].self_attn
+    seen = {}
+    handle = attn.register_forward_pre_hook(lambda _m, args, kw: seen.update(x=kw["hidden_states"]), with_kwargs=True)
+    ctrl = KVSelectionController({"collector": KeyCollector()})
+    try:
+        with torch.no_grad(), use_controller(model, ctrl):
+            prefill(model, ids[:, :64], controller=ctrl, chunk_tokens=24)  # chunked: the capture concatenates
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        x = seen["x"]  # the last chunk's input; recompute the full prompt's keys from one dense forward instead
+        b, d = x.shape[0], attn.head_dim
+        full_x = {}
+        h2 = attn.register_forward_pre_hook(lambda _m, a, kw: full_x.update(x=kw["hidden_states"]), with_kwargs=True)
+        try:
+            model(ids[:, :64])
+        finally:
+            h2.remove()
+        raw = attn.k_proj(full_x["x"])  # (B, 64, Hkv*d)
+        normed = attn.k_norm(raw.view(b, 64, -1, d).transpose(1, 2)).transpose(1, 2).reshape(b, 64, -1)
+    got = ctrl.states["collector"][layer].extra["k_pre"]
+    assert got.shape == normed.shape == (b, 64, model.config.num_key_value_heads * d)
+    torch.testing.assert_close(got, normed, atol=1e-5, rtol=0)
+    assert not torch.allclose(got, raw, atol=1e-2)  # the test can tell the two apart
+    assert set(ctrl.states["collector"]) == {layer}  # sliding layers: no state
+
+
+def test_unsupported_model_type_is_refused_naming_the_type():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32)).eval()
+    before = model.config._attn_implementation
+    with pytest.raises(
+        ValueError, match=r"does not support model type 'gpt2': expected one of 'gemma3_text', 'llama'"
+    ):
+        with use_controller(model, KVSelectionController({"shadowkv": ShadowKV(16, 8)})):
+            pass
+    assert model.config._attn_implementation == before
+    with pytest.raises(ValueError, match="'gpt2'"):
+        model_support(model)
+
+
+def test_fidelity_metrics_are_clustered_by_prompt():
+    """Decode steps of one prompt share its prefill: n (and the claims' n) count prompts, not prompt x step."""
+    from lmlab.runner import run_method
+
+    r = run_method("shadowkv", preset="smoke", write=False, show_progress=False, raise_errors=True, ranks=[],
+                   ablations=False, n_retrieval=0, bench_batches=[1], bench_repeats=1)  # fmt: skip
+    n_prompts, steps = 2, 4  # smoke preset
+    for system in ("shadowkv_b16", "quest_b16", "full"):
+        m = r.metric(system, "kl")
+        assert m.n == n_prompts, (system, m.n)
+    kl_claims = [c for c in r.claims if c.metric == "kl"]
+    assert kl_claims and all(c.n == n_prompts and c.n_values == n_prompts * steps for c in kl_claims)
+    resident = [c for c in r.claims if c.metric == "resident_ratio"]
+    assert resident and all(c.mechanism and not c.gate for c in resident)  # holds by construction: never gates

@@ -69,6 +69,8 @@ __getattr__, _LAZY = lazy_exports(
     __name__,
     method=(
         "KVSelectionController",
+        "ModelSupport",
+        "PreRopeKeyCapture",
         "Selector",
         "ShadowKV",
         "ShadowKVState",
@@ -76,8 +78,11 @@ __getattr__, _LAZY = lazy_exports(
         "fidelity",
         "landmarks_and_outliers",
         "low_rank_keys",
+        "model_support",
         "prefill",
         "rebuild_keys",
+        "rewind",
+        "rope_tables",
         "teacher_forced_logprobs",
     ),
 )

@@ -26,7 +26,10 @@ class ShadowKVConfig(BaseConfig):
         quest_page (`int`, defaults to 16): Quest's page size; loki_rank (`int`, defaults to 16): Loki's principal
             dimensions (d/4); sink (`int`, defaults to 4): StreamingLLM's sink tokens.
         context_tokens (`int`, defaults to 2048): prefill length of the teacher-forced fidelity prompts.
-        n_prompts (`int`, defaults to 4): fidelity prompts (batched); decode_steps: teacher-forced steps T.
+        n_prompts (`int`, defaults to 4): fidelity prompts (batched), the independent units (clusters) of the
+            fidelity metrics; decode_steps: teacher-forced steps T per prompt.
+        prefill_chunk (`int`, *optional*): prefill in forward calls of this many tokens (chunked prefill); None
+            prefills each prompt in one call, as the reference's attention does.
         retrieval_task, retrieval_tokens, n_retrieval: RULER task, prompt length and examples of the retrieval test.
         retrieval_prefill (`str`, defaults to ``"prompt"``): what is prefilled densely before the policy decodes:
             the whole prompt but its last token (the paper's protocol) or only the haystack (``"context"``: the
@@ -55,7 +58,12 @@ class ShadowKVConfig(BaseConfig):
     loki_rank: int = param(16, "Loki principal dimensions for approximate scores (d/4)", paper="d/4 (Loki)")
     sink: int = param(4, "StreamingLLM sink tokens", paper="4 (StreamingLLM)")
     context_tokens: int = param(2048, "fidelity prompt length (prefill)", paper="RULER 128K, LongBench [paper]")
-    n_prompts: int = param(4, "fidelity prompts (one batch)")
+    n_prompts: int = param(4, "fidelity prompts (one batch); the unit of the KL/top-1 CIs and claims")
+    prefill_chunk: int | None = param(
+        None,
+        "prompt tokens per prefill forward call (None: one call)",
+        paper="one attention call (MLP chunked) [code]",
+    )
     decode_steps: int = param(32, "teacher-forced decode steps T per prompt")
     retrieval_task: str = param("passkey", "RULER-like task of the retrieval test", choices=RULER_TASKS)
     retrieval_tokens: int = param(
@@ -98,6 +106,7 @@ class ShadowKVConfig(BaseConfig):
         check_range("sink", self.sink, 0)
         check_range("context_tokens", self.context_tokens, 64)
         check_range("n_prompts", self.n_prompts, 1)
+        check_range("prefill_chunk", self.prefill_chunk, 1)
         check_range("decode_steps", self.decode_steps, 1)
         check_range("retrieval_tokens", self.retrieval_tokens, 256)
         check_range("n_retrieval", self.n_retrieval, 0)

@@ -25,6 +25,13 @@ Decode, per layer, for the q new tokens (1 at a decode step, more for a follow-u
 
 Baselines (``baselines.py``) share the `Selector` interface: full attention, Quest, Loki and StreamingLLM.
 Everything runs inside a real HF model through `lmlab.core.attention.use_controller` and `KVSelectionController`.
+
+Models (`model_support`): Llama (pre-RoPE keys = ``k_proj(x)``) and Gemma-3 text (pre-RoPE keys =
+``k_norm(k_proj(x))``, the tensor transformers' `Gemma3Attention` rotates). Only full-attention layers are sparsified;
+Gemma-3's sliding-window layers (5 of every 6) stay dense: their cache is already bounded by the window, and the
+reference targets full-attention caches. Other model types are refused with an error naming the type. The prefill
+is an explicit phase (`KVSelectionController.begin_prefill`), so a chunked prefill builds the state on the whole
+prompt.
 """
 
 from __future__ import annotations
@@ -37,12 +44,11 @@ import torch.nn.functional as F
 
 from lmlab.core.attention import (
     AttentionController,
-    KProjCapture,
     _hf_sdpa,
     chunk_positions,
+    decoder_layers,
     group_scores,
     rope_at,
-    rotary_tables,
     sdpa_gqa,
     tensor_bytes,
     topk_sorted,
@@ -54,6 +60,9 @@ from lmlab.core.attention import (
 
 class Selector:
     """A decode-time KV policy: `build` a per-layer state at prefill, `attend` with it at each decode step.
+
+    `build` gets the layer's pre-RoPE keys of the whole prompt (B, n, Hkv·d) (after ``k_norm`` on Gemma-3), and its
+    post-RoPE keys and values (B, Hkv, n, d), once the (possibly chunked) prefill is complete.
 
     `attend` gets the post-RoPE query of the q new tokens (B, Hq, q, d) and the exact K/V of every token generated
     after the prefill (B, Hkv, t, d), the new ones last (HF's cache acts as the generated buffer; prefill K/V are
@@ -225,7 +234,7 @@ class ShadowKV(Selector):
 
     def build(self, k_pre: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, layer: int) -> ShadowKVState:
         if k_pre is None:
-            raise ValueError("ShadowKV needs the pre-RoPE keys (KProjCapture on k_proj)")
+            raise ValueError("ShadowKV needs the pre-RoPE keys (B, n, Hkv*d) (PreRopeKeyCapture), got None")
         b, h, n, d = k.shape
         svd = None
         if self.shared is not None:
@@ -305,23 +314,139 @@ class ShadowKV(Selector):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Model support: where the pre-RoPE keys are, which layers are sparsified, the RoPE tables of those layers
+
+# model_type -> the attention submodule whose output RoPE is applied to. Llama: RoPE(k_proj(x)). Gemma-3
+# (transformers' Gemma3Attention.forward): k = k_norm(k_proj(x).view(B, T, Hkv, d).transpose(1, 2)), then RoPE, so
+# the pre-RoPE keys are k_norm's output (B, Hkv, T, d), not k_proj's.
+PRE_ROPE_KEY_SITES: dict[str, str] = {"llama": "k_proj", "gemma3_text": "k_norm"}
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+
+
+@dataclass(frozen=True)
+class ModelSupport:
+    """What ShadowKV needs to know about a decoder: the pre-RoPE key site and the layers it sparsifies.
+
+    Attributes:
+        model_type: ``config.model_type``.
+        key_site: ``"k_proj"`` or ``"k_norm"`` (the module whose output RoPE rotates).
+        sparse_layers: full-attention layers (ShadowKV and its baselines apply there).
+        dense_layers: sliding-window layers: their cache already holds at most `sliding_window` tokens, so they
+            stay dense (exact HF SDPA with the sliding mask), as ShadowKV targets the full-attention cache.
+    """
+
+    model_type: str
+    key_site: str
+    sparse_layers: tuple[int, ...]
+    dense_layers: tuple[int, ...]
+
+
+def _text_config(model: Any) -> Any:
+    cfg = model.config
+    return getattr(cfg, "get_text_config", lambda: cfg)()
+
+
+def model_support(model: Any) -> ModelSupport:
+    """The `ModelSupport` of `model`; a one-line ValueError naming the model type when ShadowKV cannot handle it."""
+    cfg = _text_config(model)
+    mt = str(getattr(cfg, "model_type", type(model).__name__))
+    if mt not in PRE_ROPE_KEY_SITES:
+        known = ", ".join(repr(k) for k in sorted(PRE_ROPE_KEY_SITES))
+        raise ValueError(
+            f"ShadowKV does not support model type {mt!r}: expected one of {known} (where its pre-RoPE keys and RoPE "
+            "tables are known)"
+        )
+    if getattr(cfg, "attn_logit_softcapping", None) is not None:
+        raise ValueError(
+            f"ShadowKV does not support {mt!r} with attn_logit_softcapping={cfg.attn_logit_softcapping}: expected "
+            "None (the sparse attention is plain softmax)"
+        )
+    n_layers = len(decoder_layers(model))
+    types = list(getattr(cfg, "layer_types", None) or [FULL_ATTENTION] * n_layers)
+    bad = sorted({t for t in types if t not in (FULL_ATTENTION, SLIDING_ATTENTION)})
+    if bad:
+        raise ValueError(f"ShadowKV does not support layer types {bad} of {mt!r}: expected {FULL_ATTENTION!r} or "
+                         f"{SLIDING_ATTENTION!r}")  # fmt: skip
+    sparse = tuple(i for i, t in enumerate(types) if t == FULL_ATTENTION)
+    if not sparse:
+        raise ValueError(f"{mt!r} has no full-attention layer: nothing for ShadowKV to sparsify")
+    dense = tuple(i for i, t in enumerate(types) if t != FULL_ATTENTION)
+    return ModelSupport(mt, PRE_ROPE_KEY_SITES[mt], sparse, dense)
+
+
+def rope_tables(model: Any, n_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin`` (n_positions, d) of the full-attention layers, from the model's own rotary embedding.
+
+    Gemma-3 keeps one table per layer type (full-attention layers use ``rope_parameters["full_attention"]``, theta
+    1e6, sliding ones theta 1e4); its rotary module then takes the layer type as a third argument.
+    """
+    inner = getattr(model, "model", model)
+    rot = inner.rotary_emb
+    ref = next(model.parameters())
+    pos = torch.arange(n_positions, device=ref.device).unsqueeze(0)
+    x = torch.zeros(1, device=ref.device, dtype=ref.dtype)
+    if hasattr(rot, f"{FULL_ATTENTION}_inv_freq"):  # per-layer-type tables (Gemma-3)
+        cos, sin = rot(x, pos, FULL_ATTENTION)
+    else:
+        cos, sin = rot(x, pos)
+    return cos[0], sin[0]
+
+
+class PreRopeKeyCapture:
+    """Forward hooks on the pre-RoPE key site of the given layers: ``captured[layer]`` (B, T, Hkv·d) of the latest
+    forward (the concatenated kv heads the ShadowKV SVD works on). Remove with `remove()`.
+
+    ``k_proj`` already returns (B, T, Hkv·d); ``k_norm`` (Gemma-3) returns (B, Hkv, T, d) and is flattened back.
+    """
+
+    def __init__(self, model: Any, layers: tuple[int, ...], site: str) -> None:
+        self.captured: dict[int, torch.Tensor] = {}
+        self._handles = []
+        mods = decoder_layers(model)
+        for i in layers:
+            self._handles.append(getattr(mods[i].self_attn, site).register_forward_hook(self._hook(i, site)))
+
+    def _hook(self, i: int, site: str):  # noqa: ANN202
+        def fn(_mod, _inp, out):  # noqa: ANN001, ANN202
+            if site == "k_norm":  # (B, Hkv, T, d) -> (B, T, Hkv*d)
+                out = out.transpose(1, 2).flatten(2)
+            self.captured[i] = out.detach()
+
+        return fn
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self.captured.clear()
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Controller: run selectors inside a HF model
 
 
 class KVSelectionController(AttentionController):
     """Prefill dense (building every selector's state per layer), decode with the `active` selector.
 
-    A call whose query covers the whole key range (no past) is a prefill: exact SDPA, and each selector's `build`
-    runs on that layer's pre-RoPE keys (captured from ``k_proj``), post-RoPE keys and values. Any later call is a
-    decode step (one token, or several for a follow-up query): the active selector attends over its state plus the
-    tokens generated since the prefill. ``active="full"`` decodes with exact SDPA over the whole HF cache.
+    Phase (explicit, never guessed from shapes): `begin_prefill(n)` declares that the next forward calls prefill n
+    prompt tokens, in one call or in chunks (`prefill(..., controller=, chunk_tokens=)` does this). Every call until
+    a layer's cache holds n tokens is prefill: exact HF SDPA, and the layer's pre-RoPE key chunks are collected; the
+    call that completes the n tokens builds each selector's state on the whole prompt (pre-RoPE keys, post-RoPE keys
+    and values). Without a declaration, a forward on an empty cache (cache length before the call = 0) is a one-shot
+    prefill, so ``model.generate(ids)`` works as is. Every later call is decode (one token, or several for a
+    follow-up query): the active selector attends over its state plus the tokens since the prefill.
+    ``active="full"`` decodes with exact SDPA over the whole HF cache.
 
-    Assumes unpadded batches (every row the same length), as the experiment builds them.
+    Only full-attention layers are sparsified (`ModelSupport.sparse_layers`); Gemma-3's sliding-window layers stay
+    dense. The cache length before a call is ``key_len - query_len`` on a full-attention layer (its HF cache keeps
+    every token). Assumes unpadded batches (every row the same length), as the experiment builds them.
 
     Attributes:
-        states: ``states[name][layer]``, rebuilt at every prefill.
-        attended: ``attended[name]`` prefill tokens attended per kv head at each decode call (summed over layers /
-            n_layers), for budget accounting measured from the selected tensors.
+        states: ``states[name][layer]``, rebuilt at every prefill, for the sparse layers.
+        attended: ``attended[name]`` prefill tokens attended per kv head at each decode call of a sparse layer, for
+            budget accounting measured from the selected tensors.
+        support: the model's `ModelSupport` (set by `install`): which layers were sparsified.
     """
 
     def __init__(self, selectors: dict[str, Selector], active: str = "full", shared: dict | None = None) -> None:
@@ -331,41 +456,99 @@ class KVSelectionController(AttentionController):
         self.states: dict[str, dict[int, Any]] = {name: {} for name in self.selectors}
         self.attended: dict[str, list[int]] = {}
         self.n_prefill = 0
-        self._capture: KProjCapture | None = None
+        self.support: ModelSupport | None = None
+        self._declared: int | None = None  # prefill length announced by `begin_prefill`, until every layer built
+        self._built: set[int] = set()  # sparse layers whose state covers the current prefill
+        self._pending: dict[int, list[torch.Tensor]] = {}  # pre-RoPE key chunks (B, T_i, Hkv*d) of a prefill
+        self._capture: PreRopeKeyCapture | None = None
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._model: Any = None
+
+    @property
+    def sparse_layers(self) -> tuple[int, ...]:
+        return self.support.sparse_layers if self.support is not None else ()
 
     def install(self, model: Any) -> None:
-        self._model = model
-        self._capture = KProjCapture(model)
-        n_pos = int(getattr(model.config, "max_position_embeddings", 8192) or 8192)
-        self._rope = rotary_tables(model, n_pos)
+        self.support = model_support(model)  # raises for an unsupported model before anything is hooked
+        self._capture = PreRopeKeyCapture(model, self.support.sparse_layers, self.support.key_site)
+        n_pos = int(getattr(_text_config(model), "max_position_embeddings", 8192) or 8192)
+        self._rope = rope_tables(model, n_pos)
 
     def remove(self) -> None:
         if self._capture is not None:
             self._capture.remove()
         self._capture = None
+        self._pending.clear()
+
+    def begin_prefill(self, n_tokens: int) -> None:
+        """Declare a prefill of `n_tokens` prompt tokens (any number of forward calls); drops the previous states."""
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
+            raise ValueError(f"begin_prefill needs a prompt length >= 1, got {n_tokens!r}")
+        self._declared = n_tokens
+        self._built.clear()
+        self._pending.clear()
+        for st in self.states.values():
+            st.clear()
 
     def attend(self, module, query, key, value, attention_mask, *, scaling, **kwargs):  # noqa: ANN001, ANN201
         layer = int(module.layer_idx)
-        if query.shape[2] == key.shape[2]:  # prefill: exact, and build every selector's state
-            k_pre = self._capture.captured.get(layer) if self._capture is not None else None
-            if self.shared is not None:
-                self.shared.clear()
-            for name, sel in self.selectors.items():
-                self.states[name][layer] = sel.build(k_pre, key, value, layer)
-            self.n_prefill = key.shape[2]
+        if layer not in self.sparse_layers:  # sliding-window layer: dense, whatever the phase
+            return _hf_sdpa(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        q_len = query.shape[2]
+        past = key.shape[2] - q_len  # cache length before this call (a full-attention cache keeps every token)
+        if self._declared is not None and layer not in self._built:
+            target: int | None = self._declared
+        elif past == 0:
+            target = q_len  # undeclared: a forward on an empty cache is a one-shot prefill
+        else:
+            target = None
+        if target is not None:
+            self._prefill_call(layer, past, q_len, target, key, value)
             return _hf_sdpa(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         if self.active == "full" or self.active not in self.selectors:
             return _hf_sdpa(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         sel = self.selectors[self.active]
-        state = self.states[self.active][layer]
+        state = self.states[self.active].get(layer)
+        if state is None:
+            raise RuntimeError(f"layer {layer}: decode call before its prefill was completed (no {self.active} state)")
         n0 = state.n
         out, attended = sel.attend(
             state, query, key[:, :, n0:], value[:, :, n0:], scaling=float(scaling), rope=self._rope
         )
         self.attended.setdefault(self.active, []).append(attended)
         return out.transpose(1, 2).contiguous(), None
+
+    def _prefill_call(
+        self, layer: int, past: int, q_len: int, target: int, key: torch.Tensor, value: torch.Tensor
+    ) -> None:
+        """One prefill forward of a sparse layer: collect its pre-RoPE keys; build the states once n are in."""
+        if past + q_len > target:
+            raise ValueError(
+                f"layer {layer}: a forward call of {q_len} tokens after {past} cached crosses the declared prefill "
+                f"of {target} tokens; expected chunks that end exactly at the prefill length"
+            )
+        if past == 0:
+            self._pending[layer] = []
+        chunks = self._pending.setdefault(layer, [])
+        have = sum(c.shape[1] for c in chunks)
+        k_pre = self._capture.captured.get(layer) if self._capture is not None else None
+        if have != past or k_pre is None or k_pre.shape[1] != q_len:
+            raise RuntimeError(
+                f"layer {layer}: prefill chunk of {q_len} tokens after {past} cached, but {have} pre-RoPE keys were "
+                f"collected and {None if k_pre is None else k_pre.shape[1]} captured in this call"
+            )
+        chunks.append(k_pre)  # (B, q_len, Hkv*d)
+        if past + q_len < target:
+            return
+        k_pre_all = torch.cat(chunks, dim=1)  # (B, n, Hkv*d): the whole prompt's pre-RoPE keys
+        del self._pending[layer]
+        if self.shared is not None:
+            self.shared.clear()
+        for name, sel in self.selectors.items():
+            self.states[name][layer] = sel.build(k_pre_all, key, value, layer)  # key/value: (B, Hkv, n, d)
+        self.n_prefill = target
+        self._built.add(layer)
+        if self._declared is not None and self._built >= set(self.sparse_layers):
+            self._declared = None  # the declared prefill is complete: later calls are decode
 
     def resident_bytes(self, name: str) -> int:
         return sum(self.selectors[name].resident_bytes(s) for s in self.states[name].values())
@@ -385,11 +568,41 @@ def rewind(cache: Any, n: int) -> None:
         cache.crop(n - cur)
 
 
+def keep_past(cache: Any) -> None:
+    """Let sliding-window cache layers (Gemma-3) keep what is decoded after the prefill, so `rewind` can crop them.
+
+    transformers' `DynamicSlidingWindowLayer` otherwise drops tokens older than the window at each update and
+    refuses to crop once the window is full.
+    """
+    for layer in getattr(cache, "layers", ()):
+        if getattr(layer, "is_sliding", False) and hasattr(layer, "activate_past_recording"):
+            layer.activate_past_recording()
+
+
 @torch.no_grad()
-def prefill(model: Any, ids: torch.Tensor) -> tuple[Any, torch.Tensor]:
-    """Dense prefill of ids (B, n) under whatever controller is active: ``(cache, last-position logits (B, V))``."""
-    out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-    return out.cache, out.logits[:, -1].float()
+def prefill(
+    model: Any, ids: torch.Tensor, *, controller: KVSelectionController | None = None, chunk_tokens: int | None = None
+) -> tuple[Any, torch.Tensor]:
+    """Dense prefill of ids (B, n): ``(cache, last-position logits (B, V))``.
+
+    `controller` (the active `KVSelectionController`) gets the prefill declared (`begin_prefill(n)`), so its states
+    are built once the whole prompt is in, also over several forward calls of `chunk_tokens` tokens (chunked
+    prefill); without it, only a one-shot prefill is allowed (the controller's empty-cache rule).
+    """
+    n = ids.shape[1]
+    if chunk_tokens is not None and (isinstance(chunk_tokens, bool) or int(chunk_tokens) < 1):
+        raise ValueError(f"chunk_tokens must be an int >= 1 or None, got {chunk_tokens!r}")
+    step = n if chunk_tokens is None else int(chunk_tokens)
+    if step < n and controller is None:
+        raise ValueError(f"a chunked prefill (chunk_tokens={step} < {n} tokens) needs controller= to declare its end")
+    if controller is not None:
+        controller.begin_prefill(n)
+    cache = None
+    for start in range(0, n, step):
+        out = model(input_ids=ids[:, start : start + step], cache=cache, use_cache=True, logits_to_keep=1)
+        cache = out.cache
+    keep_past(cache)
+    return cache, out.logits[:, -1].float()
 
 
 @torch.no_grad()
@@ -424,16 +637,22 @@ def energy_rank(singular_values: torch.Tensor, fraction: float) -> int:
 
 
 __all__ = [
+    "PRE_ROPE_KEY_SITES",
     "KVSelectionController",
+    "ModelSupport",
+    "PreRopeKeyCapture",
     "Selector",
     "ShadowKV",
     "ShadowKVState",
     "energy_rank",
     "fidelity",
+    "keep_past",
     "landmarks_and_outliers",
     "low_rank_keys",
+    "model_support",
     "prefill",
     "rebuild_keys",
     "rewind",
+    "rope_tables",
     "teacher_forced_logprobs",
 ]
