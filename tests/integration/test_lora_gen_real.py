@@ -20,13 +20,20 @@ def test_claim_direction_on_smollm2_with_gemma_cloud(smollm2, gemma3):
         timing_repeats=2,
         merge_repeats=1,
     )
-    em = {s: result.metric(s, "em_seen").value for s in ("query_only", "task_prompt", "multitask_lora", "lora_gen")}
+    systems = ("query_only", "task_prompt", "multitask_lora", "multitask_lora_ctx", "per_task_lora", "lora_gen")
+    em = {s: result.metric(s, "em_seen").value for s in systems}
     # the bare query does not say which task is wanted: the untuned edge model answers none of them in format
     assert em["query_only"] < em["task_prompt"]
-    # the generated, merged LoRA specialises the edge model per task; one multi-task LoRA cannot tell the tasks
-    # apart from the bare query (documented direction at this budget: lora_gen ahead on the seen tasks)
+    # the bare-query multi-task LoRA gives one answer per query shared by k tasks: bounded by ~1/k; the same LoRA
+    # with the task prompt in context is not (it is the fair baseline the claim is gated against)
+    assert em["multitask_lora"] <= result.metric("multitask_lora", "em_seen_ceiling").value + 1e-9
+    assert em["multitask_lora_ctx"] > em["multitask_lora"]
+    # the generated, merged LoRA specialises the edge model per task (documented direction at this budget:
+    # lora_gen ahead of the bare-query LoRA on the seen tasks)
     assert em["lora_gen"] > em["multitask_lora"]
     assert em["lora_gen"] > em["query_only"]
+    gated = [c for c in result.claims if c.gate]
+    assert gated and all(c.baseline == "multitask_lora_ctx" for c in gated)
     # the generator routes tasks differently (no expert collapse) and the peft export merges to the same weights
     assert result.metric("lora_gen", "distinct_routings").value > 1
     assert result.metric("lora_gen", "peft_merge_max_abs_diff").value < 1e-5

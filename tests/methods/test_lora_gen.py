@@ -306,3 +306,182 @@ def test_config_validation():
     ]:
         with pytest.raises(ValueError, match=message):
             LoRAGenConfig(**kw)
+
+
+# -- the baselines: prompt-in-context LoRA, bare-query LoRA, per-task LoRA ------------------------------------------
+
+
+def _peft(model, r=4, adapter="default", seed=0, random_b=False):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    cfg = LoraConfig(r=r, lora_alpha=2 * r, target_modules=TARGETS, layers_to_transform=M.top_layer_ids(model, 2),
+                     lora_dropout=0.0, init_lora_weights=not random_b)  # fmt: skip
+    return get_peft_model(model, cfg, adapter_name=adapter), cfg
+
+
+def _prefix_setup(tok):
+    prompts = {
+        0: tok("Reply with the first letter.\nplanet -> p\n")["input_ids"],
+        1: tok("Reply with the continent.\n")["input_ids"],
+    }
+    pairs = [
+        (tok(q, add_special_tokens=False)["input_ids"], tok(a, add_special_tokens=False)["input_ids"])
+        for q, a in [("planet ->", " p"), ("France ->", " Europe"), ("garden ->", " g"), ("Peru ->", " South America")]
+    ]
+    return prompts, pairs, tok("\n")["input_ids"][-1]
+
+
+@pytest.mark.parametrize("n_top", [2, 4])
+def test_shared_prefix_top_pass_equals_the_full_forward_with_the_prompt(tiny_tokenizer, n_top):
+    """Logits AND LoRA gradients of the cached-trunk, prompt-once path equal the plain forward of prompt + query:
+    the prompt-in-context LoRA is trained on exactly what it is evaluated on (`score_with_prefix`)."""
+    from lmlab.core.tiny import make_tiny_llama
+
+    model = make_tiny_llama(seed=1, n_layers=4)
+    peft_model, _ = _peft(model, random_b=True)  # B != 0: the LoRA changes the prompt's keys / values
+    prompts, pairs, nl = _prefix_setup(tiny_tokenizer)
+    top = M.EdgeTop(model, n_top)
+    context = M.cache_prompt_context(top, prompts, {0: [0, 2], 1: [1, 3]}, pairs, 0, nl)
+    groups = [(1, [3, 1, 3]), (0, [2])]  # a repeated example, prompts of different lengths
+    pre, lens, owner, hidden, sub = context.batch(groups)
+    assert pre.shape[0] == 2 and lens.tolist() == [len(prompts[1]), len(prompts[0])] and owner.tolist() == [0, 0, 0, 1]
+    params = M.lora_parameters(model)
+    loss = M.answer_loss(top.answer_logits_with_prefix(pre, lens, owner, hidden, sub), sub)
+    got_grads = torch.autograd.grad(loss, params)
+    got = top.answer_logits_with_prefix(pre, lens, owner, hidden, sub).detach()
+    full = M.pack([(prompts[j] + pairs[r][0], pairs[r][1]) for j, rs in groups for r in rs], 0, nl)
+    logits = model(full.ids).logits[full.pos_b, full.pos_t]
+    ref_grads = torch.autograd.grad(M.answer_loss(logits, full), params)
+    assert torch.allclose(got, logits.detach(), atol=1e-4)
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-3) for a, b in zip(got_grads, ref_grads))
+    # the prompt matters: the same queries behind the other prompt give other logits
+    other = top.answer_logits_with_prefix(pre.flip(0), lens.flip(0), owner, hidden, sub).detach()
+    assert not torch.allclose(other, got, atol=1e-3)
+
+
+def test_packed_subset_keeps_every_occurrence_of_a_repeated_row(tiny_tokenizer):
+    _, pairs, nl = _prefix_setup(tiny_tokenizer)
+    packed = M.pack(pairs, 0, nl)
+    once = packed.subset([1])
+    twice = packed.subset([1, 1])
+    assert twice.n == 2 and len(twice.target) == 2 * len(once.target)
+    assert twice.pos_b.tolist() == [0] * len(once.target) + [1] * len(once.target)
+    assert torch.equal(twice.target, once.target.repeat(2))
+    # unique rows: unchanged behaviour, rows in the requested order
+    swapped = packed.subset([2, 0])
+    assert torch.equal(swapped.ids, packed.ids[[2, 0]])
+    assert sorted(swapped.target[swapped.pos_b == 1].tolist()) == sorted(packed.target[packed.pos_b == 0].tolist())
+
+
+def test_bare_query_ceiling_is_one_over_the_tasks_sharing_a_query():
+    from lmlab import data
+    from lmlab.methods.compression.lora_gen.tasks import bare_query_ceiling
+
+    assert bare_query_ceiling([("a", "x"), ("a", "y"), ("a", "z"), ("b", "x")]) == pytest.approx(2 / 4)
+    assert bare_query_ceiling([("a", "x"), ("a", "x"), ("a", "z")]) == pytest.approx(2 / 3)  # equal answers count
+    tasks = build_tasks(lambda s, n, split, task: data.load(s, n, seed=0, split=split, task=task), ["continent"],
+                        ["plain", "upper", "bracket"], [], n_train=2, n_test=4, n_shots=1, n_variants=1)  # fmt: skip
+    assert bare_query_ceiling([(i.query, i.answer) for t in tasks for i in t.test]) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="at least one"):
+        bare_query_ceiling([])
+
+
+def _budget_setup(tok):
+    prompts, pairs, nl = _prefix_setup(tok)
+    pairs = pairs + [(tok("Chad ->", add_special_tokens=False)["input_ids"],
+                      tok(" Africa", add_special_tokens=False)["input_ids"])]  # fmt: skip
+    task_of = [0, 1, 0, 1, 2]  # three tasks; task 2 has one example (drawn with repetition)
+    prompts[2] = tok("Reply with the continent in brackets.\n")["input_ids"]
+    prompts_of_task = {0: [0], 1: [1], 2: [2]}
+    bos = tok("")["input_ids"]  # the bare query starts the sequence (the prompts carry it otherwise)
+    bare = M.pack([(bos + q, a) for q, a in pairs], 0, nl)
+    return prompts, pairs, nl, task_of, prompts_of_task, bare
+
+
+def test_every_trained_system_gets_the_same_batches_steps_and_parameters(edge, tiny_tokenizer):
+    import copy as _copy
+
+    prompts, pairs, nl, task_of, prompts_of_task, bare = _budget_setup(tiny_tokenizer)
+    kw = dict(steps=4, tasks_per_step=2, per_task=2, lr=1e-2, seed=3)
+    # bare-query multi-task LoRA
+    m1 = _copy.deepcopy(edge)
+    _peft(m1)
+    top1 = M.EdgeTop(m1, 2)
+    log_bare = M.train_lora(top1, top1.trunk(bare.ids), bare, task_of, prompts_of_task, **kw)
+    # the prompt-in-context LoRA: same rank, same batches
+    m2 = _copy.deepcopy(edge)
+    _peft(m2)
+    top2 = M.EdgeTop(m2, 2)
+    before = [p.detach().clone() for p in M.lora_parameters(m2)]
+    context = M.cache_prompt_context(top2, prompts, {j: [r for r, t in enumerate(task_of) if t == j] for j in prompts},
+                                     pairs, 0, nl)  # fmt: skip
+    log_ctx = M.train_lora_ctx(top2, context, task_of, prompts_of_task, **kw)
+    assert any(not torch.equal(a, b) for a, b in zip(before, M.lora_parameters(m2)))
+    # one LoRA per task
+    m3 = _copy.deepcopy(edge)
+    peft3, cfg3 = _peft(m3, adapter="t0")
+    for t in (1, 2):
+        peft3.add_adapter(f"t{t}", cfg3)
+    top3 = M.EdgeTop(m3, 2)
+    adapters = {t: f"t{t}" for t in (0, 1, 2)}
+    before3 = {n: [p.detach().clone() for p in M.lora_parameters(peft3, n)] for n in adapters.values()}
+    log_pt = M.train_lora_per_task(peft3, top3, top3.trunk(bare.ids), bare, task_of, prompts_of_task, adapters, **kw)
+
+    # the same examples in the same steps, for every system (LoRA-Gen's generator uses the same stream)
+    stream = list(M.batch_stream(task_of, prompts_of_task, steps=4, tasks_per_step=2, per_task=2, seed=3))
+    expected = [[r for _, rs in batch for r in rs] for batch, _ in stream]
+    assert log_bare.rows == log_ctx.rows == log_pt.rows == expected
+    assert log_bare.examples == log_ctx.examples == log_pt.examples == 4 * 2 * 2
+    assert log_bare.opt_steps == {"lora": 4} and log_ctx.opt_steps == {"lora": 4}
+    drawn = {t: sum(t == bt for batch, _ in stream for bt, _ in batch) for t in adapters}
+    assert log_pt.opt_steps == {adapters[t]: drawn[t] for t in adapters} and sum(drawn.values()) == 4 * 2
+    # same parameter count per served model: each task's adapter = the multi-task LoRA
+    n_multi = sum(p.numel() for p in M.lora_parameters(m1))
+    assert n_multi == sum(p.numel() for p in M.lora_parameters(m2))
+    assert all(sum(p.numel() for p in M.lora_parameters(peft3, n)) == n_multi for n in adapters.values())
+    # an adapter changes only when its task is drawn (each is trained on its own task's examples only)
+    for t, name in adapters.items():
+        changed = any(not torch.equal(a, b) for a, b in zip(before3[name], M.lora_parameters(peft3, name)))
+        assert changed == (drawn[t] > 0)
+
+
+def test_experiment_gates_against_the_prompt_in_context_lora_with_one_budget():
+    from lmlab.runner import run_method
+
+    r = run_method("lora_gen", preset="smoke", model="tiny-llama", write=False, plots=False, show_progress=False,
+                   raise_errors=True, threads=1)  # fmt: skip
+    cfg = r.config
+    value = {(m.system, m.metric): m for m in r.metrics}
+    systems = ("query_only", "task_prompt", "multitask_lora", "multitask_lora_ctx", "per_task_lora", "lora_gen")
+    assert all((s, "em_seen") in value for s in systems)
+    gated = [c for c in r.claims if c.gate]
+    assert {c.metric for c in gated} == {"em_seen", "em_unseen", "latency_ms"}
+    assert all(c.method == "lora_gen" and c.baseline == "multitask_lora_ctx" for c in gated)
+    reported = {c.baseline for c in r.claims if not c.gate}
+    assert {"multitask_lora", "per_task_lora"} <= reported
+    # the fair baseline has the prompt in context, as the prompt-in-context base model does
+    assert value[("multitask_lora_ctx", "context_tokens")].value == value[("task_prompt", "context_tokens")].value
+    assert value[("multitask_lora_ctx", "context_tokens")].value > value[("lora_gen", "context_tokens")].value
+    # one budget: same examples, same optimiser steps (summed over the per-task adapters), same rank / parameters
+    trained = ("lora_gen", "multitask_lora", "multitask_lora_ctx", "per_task_lora")
+    n_examples = cfg["steps"] * cfg["tasks_per_step"] * cfg["examples_per_task"]
+    assert all(value[(s, "train_examples")].value == n_examples for s in trained)
+    n_seen = 2 * 2 - len(cfg["unseen_tasks"])
+    for s in ("lora_gen", "multitask_lora", "multitask_lora_ctx"):
+        assert value[(s, "optimizer_steps")].value == cfg["steps"]
+    assert value[("per_task_lora", "optimizer_steps")].value == cfg["steps"] * min(cfg["tasks_per_step"], n_seen)
+    n_multi = value[("multitask_lora", "trainable_params")].value
+    assert value[("multitask_lora_ctx", "trainable_params")].value == n_multi
+    assert value[("per_task_lora", "trainable_params_per_task")].value == n_multi
+    assert value[("per_task_lora", "trainable_params")].value == n_seen * n_multi
+    assert value[("multitask_lora_ctx", "rank")].value == value[("multitask_lora", "rank")].value
+    assert n_multi >= value[("lora_gen", "trainable_params")].value
+    # the bare LoRA's ceiling is computed, and it bounds it; timing values carry a timing unit
+    assert value[("multitask_lora", "em_seen")].value <= value[("multitask_lora", "em_seen_ceiling")].value + 1e-9
+    for (s, m), row in value.items():
+        if m in ("latency_ms", "generate_merge_ms", "cloud_forward_ms", "generate_merge_ms_per_query"):
+            assert row.unit == "ms", (s, m)
+        if m.endswith("_s"):
+            assert row.unit == "s", (s, m)
+    assert "speedup_vs_multitask_lora_ctx" in r.flags["timing"]

@@ -13,8 +13,9 @@ MODES = ("frozen_cloud",)
 
 @dataclass
 class LoRAGenConfig(BaseConfig):
-    """LoRA-Gen (Xiao et al., ICML 2025) and its experiment against query-only, task-prompt-in-context and a matched
-    multi-task LoRA.
+    """LoRA-Gen (Xiao et al., ICML 2025) and its experiment against query-only, task-prompt-in-context, a matched
+    multi-task LoRA with the task prompt in context (the fair baseline), the same LoRA on the bare query, and one
+    LoRA per task (the oracle).
 
     `model` (from `BaseConfig`) is the edge model; `cloud_model` the frozen cloud model.
 
@@ -34,9 +35,10 @@ class LoRAGenConfig(BaseConfig):
             out from generator training.
         n_train, n_test (`int`): queries per task from the suites' train / test splits.
         n_shots (`int`, defaults to 3): few-shot lines in a system prompt; prompt_variants: system prompts per task.
-        steps, tasks_per_step, examples_per_task, lr: training (identical for LoRA-Gen and the multi-task LoRA).
-        baseline_rank (`int`, *optional*): rank of the multi-task LoRA; default: matched to LoRA-Gen's trainable
-            parameters (rounded up).
+        steps, tasks_per_step, examples_per_task, lr: training, one budget for every trained system (the same
+            batches; the per-task LoRAs split each batch by task).
+        baseline_rank (`int`, *optional*): rank of every LoRA baseline (each per-task adapter too); default:
+            matched to LoRA-Gen's trainable parameters (rounded up).
         latency_new_tokens (`int`, defaults to 8): greedy tokens per timed query (KV cache on, fixed length).
         latency_queries (`int`, defaults to 2): test queries timed; timing_repeats (6): interleaved rounds.
         merge_repeats (`int`, defaults to 3): timed runs of the one-time generate-and-merge.
@@ -63,11 +65,11 @@ class LoRAGenConfig(BaseConfig):
     n_test: int = param(12, "test queries per task (suite test split)")
     n_shots: int = param(5, "few-shot lines in each system prompt", paper="description + few-shot examples")
     prompt_variants: int = param(2, "system prompts per task (different shots)")
-    steps: int = param(60, "optimiser steps (LoRA-Gen and the multi-task LoRA alike)")
+    steps: int = param(60, "optimiser steps (every trained system alike; per-task LoRAs split each batch by task)")
     tasks_per_step: int = param(4, "tasks per step")
     examples_per_task: int = param(8, "examples per task per step")
-    lr: float = param(3e-3, "AdamW learning rate (both trained systems)")
-    baseline_rank: int | None = param(None, "multi-task LoRA rank (None: matched trainable parameters)")
+    lr: float = param(3e-3, "AdamW learning rate (every trained system)")
+    baseline_rank: int | None = param(None, "rank of every LoRA baseline (None: matched trainable parameters)")
     latency_new_tokens: int = param(8, "greedy tokens per timed query")
     latency_queries: int = param(2, "test queries in the latency comparison")
     timing_repeats: int = param(6, "interleaved timing rounds (>= 6: the claim check needs 6 paired values)")

@@ -11,17 +11,24 @@ transfers to unseen tasks without training.
 2. Systems, on the same test queries, in this process:
    - ``query_only`` (B0): the base edge model, bare query;
    - ``task_prompt`` (B1): the base edge model with the full system prompt in context;
-   - ``multitask_lora`` (B2): one conventional peft LoRA on the same modules, trained on the same examples with the
-     same sampler, steps and optimiser, rank matched to LoRA-Gen's trainable parameters (rounded up), bare query;
+   - ``multitask_lora_ctx`` (B2, the fair baseline: the paper's conventional LoRA, which has the task prompt in
+     its context): one peft LoRA on the same modules, trained and evaluated with the same system prompts LoRA-Gen's
+     generator reads (the same prompt variant per batch task), the same batches, steps, lr and rank;
+   - ``multitask_lora`` (B2'): the same LoRA trained and evaluated on the bare query. Every task of an input type
+     shares the query, so it gives one answer per query: EM <= ~1/k (k tasks per query), reported, not gated;
+   - ``per_task_lora`` (oracle): one peft LoRA per seen task, the multi-task budget split by task (each adapter
+     steps on its task's examples of every shared batch), bare query; reported as an upper reference;
    - ``lora_gen``: the cloud reads the system prompt, the generator mixes the experts, the LoRA is merged into the
      edge weights, bare query.
 3. Metrics: greedy exact match per query (seen and unseen tasks), answer NLL; context compression ratio; latency per
-   query (prefill + a fixed number of greedy tokens, KV cache on), LoRA-Gen (merged through peft) vs the prompt in
-   context vs the bare base model, interleaved rounds in one process; the one-time generate-and-merge cost (cloud
-   forward + generator + merge), also amortised over the task's test queries.
+   query (prefill + a fixed number of greedy tokens, KV cache on): LoRA-Gen (merged through peft, bare query) vs
+   the merged prompt-in-context LoRA (system prompt in context: the cost of any edge model with the prompt) vs the
+   bare base model, interleaved rounds in one process; the one-time generate-and-merge cost (cloud forward +
+   generator + merge), also amortised over the task's test queries.
 
-Claim checks (computed): EM(LoRA-Gen) > EM(multi-task LoRA) on seen tasks and on unseen tasks; latency(LoRA-Gen) <
-latency(task prompt). Reported, not gated: EM(LoRA-Gen) vs EM(task prompt) and vs EM(query only) on seen tasks.
+Claim checks (computed), against the fair baseline: EM(LoRA-Gen) > EM(prompt-in-context LoRA) on seen tasks and on
+unseen tasks; latency(LoRA-Gen) < latency(prompt-in-context LoRA). Reported, not gated: EM(LoRA-Gen) vs the
+bare-query multi-task LoRA, the per-task LoRA oracle, the prompt in context and the bare edge model.
 """
 
 from __future__ import annotations
@@ -33,10 +40,11 @@ import time
 from typing import Any
 
 from lmlab.core.plotting import bar_with_ci, lines, title_for
-from lmlab.methods.compression.lora_gen.tasks import build_tasks
+from lmlab.methods.compression.lora_gen.tasks import RELATIONS, bare_query_ceiling, build_tasks
 from lmlab.results import Claim
 
-SYSTEMS = ("query_only", "task_prompt", "multitask_lora", "lora_gen")
+SYSTEMS = ("query_only", "task_prompt", "multitask_lora", "multitask_lora_ctx", "per_task_lora", "lora_gen")
+TRAINED = ("lora_gen", "multitask_lora", "multitask_lora_ctx", "per_task_lora")  # one budget: `train_kw`
 
 
 def run(cfg: Any, ctx: Any) -> Any:
@@ -128,30 +136,27 @@ def run(cfg: Any, ctx: Any) -> Any:
         **train_kw,
     )
 
-    # 4. B2: conventional multi-task LoRA (peft), same modules, data, sampler, steps and optimiser
+    # 4. the conventional LoRAs (peft): same modules, batches (`M.batch_stream`), steps, optimiser and rank
     from peft import LoraConfig, get_peft_model
 
     per_rank = M.lora_params_per_rank(shapes)
     b2_rank = cfg.baseline_rank or max(1, math.ceil(gen.n_trainable() / per_rank))
-    torch.manual_seed(cfg.seed)
-    b2_model = copy.deepcopy(edge)
-    b2_peft = get_peft_model(
-        b2_model,
-        LoraConfig(
+
+    def lora_config() -> Any:
+        return LoraConfig(
             r=b2_rank,
             lora_alpha=cfg.lora_alpha / cfg.rank * b2_rank,  # same update scale alpha / r as the experts
             target_modules=list(cfg.targets),
             layers_to_transform=list(top.top_ids),
             lora_dropout=0.0,
             bias="none",
-        ),
-    )
-    b2_top = M.EdgeTop(b2_model, cfg.n_top_layers)
-    log_b2 = M.train_lora(b2_top, hidden_train, train_packed, train_task, seen, **train_kw)
-    b2_merged = b2_peft.merge_and_unload()
-    b2_top = M.EdgeTop(b2_merged, cfg.n_top_layers)
+        )
 
-    # 5. accuracy of every system on the same test queries
+    def fresh_peft(adapter: str = "default") -> tuple[Any, Any, Any]:
+        torch.manual_seed(cfg.seed)  # every LoRA starts from the same initialisation
+        model = copy.deepcopy(edge)
+        return model, get_peft_model(model, lora_config(), adapter_name=adapter), M.EdgeTop(model, cfg.n_top_layers)
+
     scores: dict[str, list[Any]] = {s: [None] * test_packed.n for s in SYSTEMS}
 
     def put(system: str, rows: list[int], sc: Any) -> None:
@@ -159,14 +164,69 @@ def run(cfg: Any, ctx: Any) -> Any:
             scores[system][r] = (e, n, p)
 
     everything = list(range(test_packed.n))
-    put("query_only", everything, M.score_top(top, hidden_test, test_packed, stops))
+    rows_of = {i: [r for r, t in enumerate(test_task) if t == i] for i in range(len(tasks))}
+    # test queries behind each task's system prompt (variant 0), as the prompt-in-context systems see them
+    prefix_of = {i: etok(tasks[i].prompts[0])["input_ids"] for i in rows_of if rows_of[i]}
+    ctx_sub = {
+        i: M.pack(
+            [(q_ids(test_rows[r][1].query, False), a_ids(test_rows[r][1].answer)) for r in rows_of[i]], pad, newline
+        )
+        for i in prefix_of
+    }
+    logs: dict[str, Any] = {"lora_gen": log_gen}
+
+    # 4a. B2': bare query (cannot know the task)
+    b2_model, b2_peft, b2_top = fresh_peft()
+    logs["multitask_lora"] = M.train_lora(b2_top, hidden_train, train_packed, train_task, train_prompts, **train_kw)
+    b2_top = M.EdgeTop(b2_peft.merge_and_unload(), cfg.n_top_layers)
     put("multitask_lora", everything, M.score_top(b2_top, hidden_test, test_packed, stops))
+    del b2_model, b2_peft, b2_top
+
+    # 4b. B2: the system prompt in context in training and at test (the paper's conventional LoRA)
+    _, ctx_peft, ctx_top = fresh_peft()
+    t0 = time.perf_counter()
+    context = M.cache_prompt_context(
+        ctx_top,
+        {j: etok(prompt_texts[j])["input_ids"] for j in train_prompt_idx},
+        {j: [r for r, t in enumerate(train_task) if t == prompt_task[j]] for j in train_prompt_idx},
+        [(q_ids(it.query, False), a_ids(it.answer)) for _, it in train_rows],
+        pad,
+        newline,
+    )
+    ctx_cache_s = time.perf_counter() - t0
+    logs["multitask_lora_ctx"] = M.train_lora_ctx(ctx_top, context, train_task, train_prompts, **train_kw)
+    ctx_merged = ctx_peft.merge_and_unload()  # kept: timed below
+    with torch.no_grad():
+        for i in prefix_of:
+            put("multitask_lora_ctx", rows_of[i], M.score_with_prefix(ctx_merged, prefix_of[i], ctx_sub[i], stops))
+    del context, ctx_peft, ctx_top
+
+    # 4c. oracle: one LoRA per seen task (an adapter each), the shared batches split by task, bare query
+    names = {i: f"task{i}" for i in seen}
+    pt_model, pt_peft, pt_top = fresh_peft(names[seen[0]])
+    for i in seen[1:]:
+        pt_peft.add_adapter(names[i], lora_config())
+    logs["per_task_lora"] = M.train_lora_per_task(
+        pt_peft, pt_top, hidden_train, train_packed, train_task, train_prompts, names, **train_kw
+    )
+    pt_params = {n: sum(p.numel() for p in M.lora_parameters(pt_peft, n)) for n in names.values()}
+    with torch.no_grad():
+        for i in seen:
+            if rows_of[i]:
+                pt_peft.set_adapter(names[i])
+                put(
+                    "per_task_lora",
+                    rows_of[i],
+                    M.score_top(pt_top, hidden_test[rows_of[i]], test_packed.subset(rows_of[i]), stops),
+                )
+    del pt_model, pt_peft, pt_top
+
+    # 5. accuracy of the untrained systems and of LoRA-Gen on the same test queries
+    put("query_only", everything, M.score_top(top, hidden_test, test_packed, stops))
     gates_of: dict[int, Any] = {}
     with torch.no_grad():
-        for i in range(len(tasks)):
-            rows = [r for r, t in enumerate(test_task) if t == i]
-            if not rows:
-                continue
+        for i in prefix_of:
+            rows = rows_of[i]
             j = prompts_of_task[i][0]  # the task's system prompt (variant 0)
             gates_of[i] = gen.gate(cloud_states[j : j + 1], cloud_mask[j : j + 1]).gates[0]
             originals = M.merge_deltas(edge, gen.deltas(gates_of[i]))
@@ -174,29 +234,58 @@ def run(cfg: Any, ctx: Any) -> Any:
                 put("lora_gen", rows, M.score_top(top, hidden_test[rows], test_packed.subset(rows), stops))
             finally:
                 M.unmerge(edge, originals)
-            prefix = etok(tasks[i].prompts[0])["input_ids"]
-            sub = M.pack(
-                [(q_ids(test_rows[r][1].query, False), a_ids(test_rows[r][1].answer)) for r in rows], pad, newline
-            )
-            put("task_prompt", rows, M.score_with_prefix(edge, prefix, sub, stops))
+            put("task_prompt", rows, M.score_with_prefix(edge, prefix_of[i], ctx_sub[i], stops))
 
     seen_rows = [r for r, t in enumerate(test_task) if tasks[t].seen]
     unseen_rows = [r for r, t in enumerate(test_task) if not tasks[t].seen]
+    # the independent unit is the test query (a country, a word): every task of its input type asks it
+    cluster = [f"{RELATIONS[tasks[i].relation][0]}:{it.source_id}" for i, it in test_rows]
     for system in SYSTEMS:
         vals = scores[system]
-        ctx.record(system, "em_seen", [vals[r][0] for r in seen_rows], note="greedy exact match, seen tasks")
+        ctx.record(
+            system,
+            "em_seen",
+            [vals[r][0] for r in seen_rows],
+            clusters=[cluster[r] for r in seen_rows],
+            note="greedy exact match, seen tasks",
+        )
+        if system == "per_task_lora":
+            continue  # no adapter for an unseen task (it would need the task's training data)
         if unseen_rows:
-            ctx.record(system, "em_unseen", [vals[r][0] for r in unseen_rows], note="greedy exact match, unseen tasks")
-        ctx.record(system, "answer_nll", [vals[r][1] for r in everything], unit="nats/token")
+            ctx.record(
+                system,
+                "em_unseen",
+                [vals[r][0] for r in unseen_rows],
+                clusters=[cluster[r] for r in unseen_rows],
+                note="greedy exact match, unseen tasks",
+            )
+        ctx.record(system, "answer_nll", [vals[r][1] for r in everything], clusters=cluster, unit="nats/token")
+    gold = [(it.query, it.answer) for _, it in test_rows]
+    ctx.record_value(
+        "multitask_lora",
+        "em_seen_ceiling",
+        bare_query_ceiling([gold[r] for r in seen_rows]),
+        note="best EM of any bare-query system: one answer per query shared by k tasks (~1/k)",
+    )
+    if unseen_rows:
+        ctx.record_value("multitask_lora", "em_unseen_ceiling", bare_query_ceiling([gold[r] for r in unseen_rows]))
 
     # context lengths and compression ratio
     ctx_tokens = {"task_prompt": [], "query": []}
     for i, it in test_rows:
         ctx_tokens["task_prompt"].append(len(etok(tasks[i].prompts[0])["input_ids"]) + len(q_ids(it.query, False)))
         ctx_tokens["query"].append(len(q_ids(it.query)))
-    ctx.record("task_prompt", "context_tokens", ctx_tokens["task_prompt"], unit="tokens")
+    for s in ("task_prompt", "multitask_lora_ctx"):
+        ctx.record(s, "context_tokens", ctx_tokens["task_prompt"], unit="tokens")
     for s in ("query_only", "multitask_lora", "lora_gen"):
         ctx.record(s, "context_tokens", ctx_tokens["query"], unit="tokens")
+    ctx.record(
+        "per_task_lora",
+        "context_tokens",
+        [ctx_tokens["query"][r] for r in seen_rows],
+        unit="tokens",
+        note="seen tasks only",
+    )
     ctx.record(
         "lora_gen",
         "compression_ratio",
@@ -257,44 +346,61 @@ def run(cfg: Any, ctx: Any) -> Any:
                     pad_token_id=pad,
                 )
 
+    # the prompt-in-context LoRA (merged) carries the task prompt in its context, as the paper's LoRA does: it is
+    # the reference, and costs what the base model with the prompt costs (same shapes, same tokens), so the base
+    # model with the prompt is not timed separately; both merged copies are separate tensors, like the base model
     report = compare_timings(
-        {
-            "task_prompt": lambda: gen_fixed(edge, full),
+        {  # the first is the reference of `report.speedup`
+            "multitask_lora_ctx": lambda: gen_fixed(ctx_merged, full),
             "lora_gen": lambda: gen_fixed(merged, bare),
             "query_only": lambda: gen_fixed(edge, bare),
         },
         repeats=cfg.timing_repeats,
     )
-    for s in ("task_prompt", "lora_gen", "query_only"):
+    for s in report.names:
         ctx.record(s, "latency_ms", [t * 1e3 / len(queries) for t in report.times[s]], unit="ms")
-    speedup = report.speedup("lora_gen")  # a timing ratio: reported as a flag and a note, not as a metric
+    # timing ratios are not metrics (they change from run to run): a flag and a note, beside the ms rows
+    speedup = report.speedup("lora_gen")
     ctx.flag(
         "timing",
         {
             "contended": report.contended,
             "threads": report.threads,
             "new_tokens": n_new,
-            "speedup_vs_task_prompt": speedup,
-            "speedup_vs_task_prompt_iqr": [report.speedups["lora_gen"].q25, report.speedups["lora_gen"].q75],
+            "speedup_vs_multitask_lora_ctx": speedup,
+            "speedup_vs_multitask_lora_ctx_iqr": [report.speedups["lora_gen"].q25, report.speedups["lora_gen"].q75],
         },
     )
     ctx.note(
-        f"Latency: LoRA-Gen (merged, bare query) is {speedup:.2f}x the speed of the edge model with the system prompt "
-        f"in context (median of per-round ratios, {len(report.rounds)} interleaved rounds, {n_new} greedy tokens)."
+        f"Latency: LoRA-Gen (merged, bare query) is {speedup:.2f}x the speed of the prompt-in-context LoRA (merged, "
+        f"system prompt in context; the cost of any edge model with the prompt) (median of per-round ratios, "
+        f"{len(report.rounds)} interleaved rounds, {n_new} greedy tokens)."
     )
     if report.contended:
         ctx.note("Timing ran on a contended machine (load average above the CPU count): latencies are noisy.")
 
-    # 8. the rest of the record
+    # 8. the rest of the record: one training budget for every trained system (`train_kw`, `M.batch_stream`)
     ctx.record_value("lora_gen", "trainable_params", gen.n_trainable())
     ctx.record_value("lora_gen", "expert_params", gen.expert_parameters())
-    ctx.record_value("multitask_lora", "trainable_params", b2_rank * per_rank)
-    ctx.record_value("multitask_lora", "rank", b2_rank)
-    ctx.record_value("lora_gen", "train_s", log_gen.wall_s, unit="s")
-    ctx.record_value("multitask_lora", "train_s", log_b2.wall_s, unit="s")
-    ctx.record_value("lora_gen", "final_train_loss", statistics.mean(log_gen.loss[-5:]))
-    ctx.record_value("multitask_lora", "final_train_loss", statistics.mean(log_b2.loss[-5:]))
+    for s in ("multitask_lora", "multitask_lora_ctx"):
+        ctx.record_value(s, "trainable_params", b2_rank * per_rank)
+        ctx.record_value(s, "rank", b2_rank)
+    ctx.record_value("per_task_lora", "trainable_params", sum(pt_params.values()), note=f"{len(pt_params)} adapters")
+    ctx.record_value("per_task_lora", "trainable_params_per_task", max(pt_params.values()))
+    ctx.record_value("per_task_lora", "rank", b2_rank)
+    for s in TRAINED:
+        log = logs[s]
+        ctx.record_value(s, "train_s", log.wall_s, unit="s")
+        ctx.record_value(s, "final_train_loss", statistics.mean(log.loss[-5:]))
+        ctx.record_value(s, "train_examples", log.examples, note="examples consumed, with repetition")
+        ctx.record_value(
+            s,
+            "optimizer_steps",
+            sum(log.opt_steps.values()),
+            note="summed over the per-task adapters" if s == "per_task_lora" else "",
+        )
     ctx.record_value("setup", "trunk_cache_s", trunk_s, unit="s")
+    ctx.record_value("setup", "prompt_context_cache_s", ctx_cache_s, unit="s")
     ctx.record_value("setup", "cloud_encode_s", cloud_s, unit="s")
     usage = torch.stack([gates_of[i] for i in seen if i in gates_of]).gt(0).float().mean((0, 1))
     ctx.record_value("lora_gen", "experts_used", int(usage.gt(0).sum()), note="experts picked by any seen task")
@@ -306,7 +412,8 @@ def run(cfg: Any, ctx: Any) -> Any:
         rows = [r for r, k in enumerate(test_task) if k == i]
         row: dict[str, Any] = {"task": t.name, "seen": t.seen, "n": len(rows)}
         for s in SYSTEMS:
-            row[s] = round(sum(scores[s][r][0] for r in rows) / max(1, len(rows)), 3)
+            vals = [scores[s][r][0] for r in rows if scores[s][r] is not None]
+            row[s] = round(sum(vals) / len(vals), 3) if vals else None
         rows_table.append(row)
     ctx.table("exact_match_per_task", rows_table)
     ctx.add_samples(
@@ -315,8 +422,8 @@ def run(cfg: Any, ctx: Any) -> Any:
             "seen": tasks[i].seen,
             "query": it.query,
             "gold": it.answer,
-            **{f"{s}_exact": scores[s][r][0] for s in SYSTEMS},
-            **{f"{s}_greedy": etok.decode(scores[s][r][2]) for s in SYSTEMS},
+            **{f"{s}_exact": scores[s][r][0] for s in SYSTEMS if scores[s][r] is not None},
+            **{f"{s}_greedy": etok.decode(scores[s][r][2]) for s in SYSTEMS if scores[s][r] is not None},
         }
         for r, (i, it) in enumerate(test_rows)
     )
@@ -336,7 +443,7 @@ def run(cfg: Any, ctx: Any) -> Any:
         "train_loss",
         lines(
             list(range(1, len(log_gen.loss) + 1)),
-            {"lora_gen": log_gen.loss, "multitask_lora": log_b2.loss},
+            {s: logs[s].loss for s in TRAINED},
             title=title_for("lora_gen", str(model_name), cfg.seed, None, "training loss (answer CE)"),
             xlabel="step",
             ylabel="cross-entropy",
@@ -347,16 +454,38 @@ def run(cfg: Any, ctx: Any) -> Any:
         "argmax after the answer is a newline or EOS (what greedy decoding would print, then stop)."
     )
     ctx.note(
-        f"Training budget: {cfg.steps} steps x {cfg.tasks_per_step * cfg.examples_per_task} examples for both "
-        f"trained systems; multi-task LoRA rank {b2_rank} ({b2_rank * per_rank} params) vs LoRA-Gen "
-        f"{gen.n_trainable()} trainable params. The cloud model (Gemma-3-270M) is only twice the edge's size: "
-        "knowledge transfer from a truly larger cloud model is not tested here."
+        f"Training budget: the same {cfg.steps} batches of {cfg.tasks_per_step * cfg.examples_per_task} examples for "
+        f"every trained system; the multi-task LoRAs have rank {b2_rank} ({b2_rank * per_rank} params) vs LoRA-Gen's "
+        f"{gen.n_trainable()} trainable params; the per-task oracle has {len(pt_params)} adapters of rank {b2_rank}, "
+        "each stepping on its task's share of every batch. The cloud model (Gemma-3-270M) is only twice the edge's "
+        "size: knowledge transfer from a truly larger cloud model is not tested here."
+    )
+    ctx.note(
+        "The bare-query multi-task LoRA cannot know the task (the query is shared by every task of its input type): "
+        f"its exact match on seen tasks is at most {bare_query_ceiling([gold[r] for r in seen_rows]):.2f} "
+        "(em_seen_ceiling), so it is reported, not gated; LoRA-Gen is gated against the LoRA that has the task "
+        "prompt in context."
     )
 
+    fair = "multitask_lora_ctx"
     claims = [
-        Claim("em_seen", "lora_gen", "multitask_lora", ">", text="LoRA-Gen beats the matched multi-task LoRA (seen)"),
+        Claim("em_seen", "lora_gen", fair, ">", text="LoRA-Gen beats the LoRA with the task prompt in context (seen)"),
+        Claim("latency_ms", "lora_gen", fair, "<", text="merged LoRA-Gen is faster than the prompt-in-context LoRA"),
         Claim(
-            "latency_ms", "lora_gen", "task_prompt", "<", text="merged LoRA-Gen is faster than the prompt in context"
+            "em_seen",
+            "lora_gen",
+            "multitask_lora",
+            ">",
+            gate=False,
+            text="LoRA-Gen vs the bare-query multi-task LoRA (seen; ceiling ~1/k)",
+        ),
+        Claim(
+            "em_seen",
+            "lora_gen",
+            "per_task_lora",
+            ">",
+            gate=False,
+            text="LoRA-Gen vs one LoRA per task (oracle upper reference, seen)",
         ),
         Claim("em_seen", "lora_gen", "task_prompt", ">", gate=False, text="LoRA-Gen vs prompt in context (seen)"),
         Claim("em_seen", "lora_gen", "query_only", ">", gate=False, text="LoRA-Gen vs the bare edge model (seen)"),
@@ -364,6 +493,22 @@ def run(cfg: Any, ctx: Any) -> Any:
     if unseen_rows:
         claims.insert(
             1,
-            Claim("em_unseen", "lora_gen", "multitask_lora", ">", text="LoRA-Gen beats the multi-task LoRA (unseen)"),
+            Claim(
+                "em_unseen",
+                "lora_gen",
+                fair,
+                ">",
+                text="LoRA-Gen beats the LoRA with the task prompt in context (unseen)",
+            ),
+        )
+        claims.append(
+            Claim(
+                "em_unseen",
+                "lora_gen",
+                "multitask_lora",
+                ">",
+                gate=False,
+                text="LoRA-Gen vs the bare-query multi-task LoRA (unseen)",
+            )
         )
     return ctx.finish(claims=claims)

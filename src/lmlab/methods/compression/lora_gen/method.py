@@ -17,18 +17,25 @@ so the k gates are positive and sum to 1), with their CV^2 importance loss again
 top `n_top` edge blocks only, so the bottom blocks' hidden states of the training examples are computed once and
 cached (`EdgeTop`).
 
+Baselines trained here on the same batches (`batch_stream`): `train_lora`, one conventional (peft) LoRA on the
+bare query (it cannot know the task: the query is shared by every task of its input type); `train_lora_ctx`, the same
+LoRA with the task's system prompt in the edge context (the paper's conventional LoRA: the prompt runs once per
+step through the top blocks, `EdgeTop.answer_logits_with_prefix`, its trunk is cached, `cache_prompt_context`);
+`train_lora_per_task`, one peft adapter per task (the oracle), each stepping on its task's share of every batch.
+
 Equivalences used by the tests:
 - sum_i g_i B_i A_i = [g_1 B_1 ... g_n B_n] [A_1; ...; A_n]: a rank-(k r) LoRA with the k selected experts
   concatenated (peft's ``combination_type="cat"``), which is how `export_peft` hands a generated LoRA to peft.
   Mixing A and B separately, (sum g_i B_i)(sum g_i A_i) (peft's ``"linear"``), is a different matrix.
 - all-zero gates give Delta W = 0: the merged edge model is the base model, bit for bit.
+- the shared-prefix top pass equals the full forward of prompt + continuation (logits and LoRA gradients).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -410,16 +417,25 @@ class Packed:
         return self.ids.shape[0]
 
     def subset(self, rows: Sequence[int]) -> Packed:
-        rows_t = torch.as_tensor(list(rows), dtype=torch.long)
-        remap = torch.full((self.n,), -1, dtype=torch.long)
-        remap[rows_t] = torch.arange(len(rows_t))
-        keep = remap[self.pos_b] >= 0
+        """The rows `rows` in that order, repeats allowed (a batch draws one example twice when its task has fewer
+        examples than the batch wants): row b of the result is ``rows[b]``, with all of its positions."""
+        rows = list(rows)
+        rows_t = torch.as_tensor(rows, dtype=torch.long)
+        if len(set(rows)) == len(rows):  # positions keep their packed order
+            remap = torch.full((self.n,), -1, dtype=torch.long)
+            remap[rows_t] = torch.arange(len(rows_t))
+            keep = remap[self.pos_b] >= 0
+            new_b, idx = remap[self.pos_b[keep]], keep.nonzero().flatten()
+        else:  # a repeated row gets its positions once per occurrence
+            sel = [torch.nonzero(self.pos_b == r).flatten() for r in rows]
+            idx = torch.cat(sel)
+            new_b = torch.cat([torch.full((len(p),), b, dtype=torch.long) for b, p in enumerate(sel)])
         return Packed(
             self.ids[rows_t],
-            remap[self.pos_b[keep]],
-            self.pos_t[keep],
-            self.target[keep],
-            self.is_stop[keep],
+            new_b,
+            self.pos_t[idx],
+            self.target[idx],
+            self.is_stop[idx],
             [self.prompt_len[r] for r in rows],
         )
 
@@ -520,6 +536,133 @@ class EdgeTop:
         h = self.top(hidden)
         return self.model.get_output_embeddings()(h[packed.pos_b, packed.pos_t])
 
+    # -- a shared prefix (the system prompt in context) ------------------------------------------------------------
+
+    @torch.no_grad()
+    def trunk_with_prefix(
+        self, prefix: Sequence[int], ids: torch.Tensor, *, batch_size: int = 32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states entering block `start` for the sequences ``prefix + ids[i]``, the prefix run once.
+
+        Returns the prefix's (Tp, d) and the continuations' (N, T, d) (right-padded `ids` (N, T), positions shifted
+        by Tp). The bottom blocks' KV cache of the prefix is repeated over each chunk, as in `score_with_prefix`.
+        """
+        from transformers import DynamicCache
+
+        box: list[torch.Tensor] = []
+
+        def grab(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            box.append((args[0] if args else kwargs["hidden_states"]).detach())
+            raise _Stop
+
+        pre = torch.tensor([list(prefix)], dtype=torch.long)
+
+        def run_prefix() -> Any:
+            cache = DynamicCache(config=self.model.config)
+            try:  # the prefix fills the cache of blocks < start, then the hook stops the forward
+                _base(self.model)(input_ids=pre, cache=cache, use_cache=True)
+            except _Stop:
+                pass
+            return cache
+
+        handle = self.layers[self.start].register_forward_pre_hook(grab, with_kwargs=True)
+        parts = []
+        try:
+            run_prefix()
+            prefix_h = box.pop()[0]  # (Tp, d)
+            for i in range(0, ids.shape[0], batch_size):
+                chunk = ids[i : i + batch_size]
+                if self.start > 0:  # a fresh prefix cache per chunk, repeated over its rows
+                    cache = run_prefix()
+                    box.pop()
+                    cache.batch_repeat_interleave(chunk.shape[0])
+                    # positions continue after the prefix; the chunk attends to the cached prefix keys
+                    kw: dict[str, Any] = {"cache": cache, "use_cache": True}
+                else:  # the trunk is the embedding output: it does not depend on the prefix
+                    kw = {"use_cache": False}
+                try:
+                    _base(self.model)(input_ids=chunk, **kw)
+                except _Stop:
+                    pass
+                parts.append(box.pop())
+        finally:
+            handle.remove()
+        return prefix_h, torch.cat(parts)
+
+    def top_with_prefix(
+        self, prefix_hidden: torch.Tensor, prefix_len: torch.Tensor, owner: torch.Tensor, hidden: torch.Tensor
+    ) -> torch.Tensor:
+        """Top blocks + final norm for continuations of shared prefixes, each prefix run once (gradients flow
+        through the prefix's keys and values, so a LoRA on the top blocks learns from the prompt in context).
+
+        Args:
+            prefix_hidden: (P, Tp, d) right-padded prefix trunks; prefix_len: (P,) their lengths.
+            owner: (B,) which prefix each continuation follows; hidden: (B, T, d) continuation trunks.
+        Returns: (B, T, d), equal to the full forward of ``prefix[owner[b]] + continuation[b]`` at its positions.
+        """
+        n_p, t_p = prefix_hidden.shape[:2]
+        n_b, t_q = hidden.shape[:2]
+        neg = torch.finfo(hidden.dtype).min
+        ar_p, ar_q = torch.arange(t_p), torch.arange(t_q)
+        # prefix pass: causal (its right padding is never attended to by a real prefix token)
+        mask_p = torch.zeros(n_p, 1, t_p, t_p, dtype=hidden.dtype)
+        mask_p.masked_fill_(ar_p[None, :] > ar_p[:, None], neg)
+        pos_p = ar_p.expand(n_p, t_p)
+        # continuation pass: keys [prefix (t_p); own tokens (t_q)]; the owner's prefix up to its length, causal after
+        lens = prefix_len[owner]  # (B,)
+        allowed = torch.cat(
+            [
+                (ar_p[None, None, :] < lens[:, None, None]).expand(n_b, t_q, t_p),
+                (ar_q[None, :] <= ar_q[:, None]).expand(n_b, t_q, t_q),
+            ],
+            -1,
+        )  # (B, t_q, t_p + t_q)
+        mask_q = torch.zeros(n_b, 1, t_q, t_p + t_q, dtype=hidden.dtype).masked_fill_(~allowed[:, None], neg)
+        pos_q = lens[:, None] + ar_q[None, :]  # (B, t_q)
+        rotary = _base(self.model).rotary_emb
+        kv = _PrefixKV()
+        hp, hq = prefix_hidden, hidden
+        for i in self.top_ids:
+            layer = self.layers[i]
+            kv.owner = None
+            hp = layer(hp, attention_mask=mask_p, position_ids=pos_p, position_embeddings=rotary(hp, pos_p), cache=kv)
+            hp = hp[0] if isinstance(hp, tuple) else hp
+            kv.owner = owner
+            hq = layer(hq, attention_mask=mask_q, position_ids=pos_q, position_embeddings=rotary(hq, pos_q), cache=kv)
+            hq = hq[0] if isinstance(hq, tuple) else hq
+        return _base(self.model).norm(hq)
+
+    def answer_logits_with_prefix(
+        self,
+        prefix_hidden: torch.Tensor,
+        prefix_len: torch.Tensor,
+        owner: torch.Tensor,
+        hidden: torch.Tensor,
+        packed: Packed,
+    ) -> torch.Tensor:
+        """`answer_logits` for continuations of shared prefixes (`top_with_prefix`): (M, vocab)."""
+        h = self.top_with_prefix(prefix_hidden, prefix_len, owner, hidden)
+        return self.model.get_output_embeddings()(h[packed.pos_b, packed.pos_t])
+
+
+class _PrefixKV:
+    """A minimal stand-in for a transformers `Cache` (attention calls only ``update``): in the prefix pass
+    (``owner is None``) it keeps each block's prefix keys / values (P, kv_heads, Tp, hd) and returns them; in the
+    continuation pass it prepends the owner prefix's ones to the continuation's (B, kv_heads, Tp + T, hd)."""
+
+    def __init__(self) -> None:
+        self.store: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.owner: torch.Tensor | None = None
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.owner is None:
+            self.store[layer_idx] = (key, value)
+            return key, value
+        pk, pv = self.store[layer_idx]
+        return torch.cat([pk[self.owner], key], 2), torch.cat([pv[self.owner], value], 2)
+
 
 def answer_loss(logits: torch.Tensor, packed: Packed) -> torch.Tensor:
     """Mean cross-entropy of the answer tokens (and the terminator) over all predicted positions."""
@@ -613,11 +756,20 @@ def stop_token_ids(tokenizer: Any) -> set[int]:
 
 @dataclass
 class TrainLog:
-    """Loss per step (answer cross-entropy, and the balance term for LoRA-Gen), wall seconds."""
+    """What a training run did: loss per step (answer cross-entropy; the balance term for LoRA-Gen), the example
+    rows of every step's batch (`rows`, the same for every trained system: `batch_stream`), optimiser steps per
+    trained parameter set (`opt_steps`: one entry for a shared model, one per adapter for per-task LoRAs), wall s."""
 
     loss: list[float] = field(default_factory=list)
     balance: list[float] = field(default_factory=list)
+    rows: list[list[int]] = field(default_factory=list)
+    opt_steps: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
+
+    @property
+    def examples(self) -> int:
+        """Training examples consumed (with repetition)."""
+        return sum(len(r) for r in self.rows)
 
 
 def sample_step(
@@ -636,6 +788,27 @@ def sample_step(
         pick = rng.sample(rows, per_task) if len(rows) >= per_task else [rng.choice(rows) for _ in range(per_task)]
         out.append((t, pick))
     return out
+
+
+def batch_stream(
+    task_of: Sequence[int],
+    prompts_of_task: dict[int, list[int]],
+    *,
+    steps: int,
+    tasks_per_step: int,
+    per_task: int,
+    seed: int = 0,
+) -> Iterator[tuple[list[tuple[int, list[int]]], list[int]]]:
+    """The training batches shared by every trained system: per step, ``[(task, example rows)]`` from
+    `sample_step` and, per task of the batch, the system prompt (an index into `prompts_of_task[task]`'s values)
+    that LoRA-Gen's generator reads and the prompt-in-context LoRA has in context. Systems that ignore the prompt
+    draw it anyway, so that the same `seed` gives every system the very same examples."""
+    rng = random.Random(seed)
+    prompt_rng = random.Random(seed + 1)
+    tasks = sorted(prompts_of_task)
+    for _ in range(steps):
+        batch = sample_step(task_of, tasks, tasks_per_step, per_task, rng)
+        yield batch, [prompt_rng.choice(prompts_of_task[t]) for t, _ in batch]
 
 
 def train_generator(
@@ -664,21 +837,20 @@ def train_generator(
     """
     import time
 
-    rng = random.Random(seed)  # the batch sampler: the same stream as `train_lora`'s, so both see the same batches
-    prompt_rng = random.Random(seed + 1)
     noise_gen = torch.Generator().manual_seed(seed)
     frozen = [p for p in top.model.parameters() if p.requires_grad]
     for p in frozen:
         p.requires_grad_(False)
     opt = torch.optim.AdamW([p for p in generator.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-    log = TrainLog()
+    log = TrainLog(opt_steps={"generator": 0})
+    stream = batch_stream(
+        task_of, prompts_of_task, steps=steps, tasks_per_step=tasks_per_step, per_task=per_task, seed=seed
+    )
     t0 = time.perf_counter()
     generator.train()
     try:
         with MixtureHooks(top.model, generator) as hooks:
-            for step in range(steps):
-                batch = sample_step(task_of, sorted(prompts_of_task), tasks_per_step, per_task, rng)
-                prompt_idx = [prompt_rng.choice(prompts_of_task[t]) for t, _ in batch]
+            for step, (batch, prompt_idx) in enumerate(stream):
                 g = generator.gate(cloud_states[prompt_idx], cloud_mask[prompt_idx], noisy=noisy, generator=noise_gen)
                 rows = [r for _, rs in batch for r in rs]
                 owner = torch.tensor([k for k, (_, rs) in enumerate(batch) for _ in rs])
@@ -690,6 +862,8 @@ def train_generator(
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+                log.opt_steps["generator"] += 1
+                log.rows.append(rows)
                 log.loss.append(float(ce.detach()))
                 log.balance.append(float(bal.detach()))
                 if on_step is not None:
@@ -703,12 +877,23 @@ def train_generator(
     return log
 
 
+def lora_parameters(model: Any, adapter: str | None = None) -> list[nn.Parameter]:
+    """The ``lora_`` parameters of a peft-wrapped model: the trainable ones, or every one of `adapter`."""
+    if adapter is None:
+        return [p for n, p in model.named_parameters() if p.requires_grad and "lora_" in n]
+    return [p for n, p in model.named_parameters() if "lora_" in n and n.split(".")[-2] == adapter]
+
+
+def _no_lora(what: str) -> ValueError:
+    return ValueError(f"{what} has no lora_ parameters (wrap it with peft first)")
+
+
 def train_lora(
     top: EdgeTop,
     hidden: torch.Tensor,
     packed: Packed,
     task_of: Sequence[int],
-    tasks: Sequence[int],
+    prompts_of_task: dict[int, list[int]],
     *,
     steps: int,
     tasks_per_step: int,
@@ -717,28 +902,203 @@ def train_lora(
     seed: int = 0,
     on_step: Callable[[int, float], None] | None = None,
 ) -> TrainLog:
-    """Fit the LoRA parameters already on `top.model` (e.g. a peft model's) on the bare queries, with the same batch
-    sampler, steps and optimiser as `train_generator` (the conventional multi-task LoRA baseline)."""
+    """Fit the LoRA parameters already on `top.model` (e.g. a peft model's) on the bare queries, with the same
+    batches (`batch_stream`), steps and optimiser as `train_generator` (the conventional multi-task LoRA).
+
+    The bare query is shared by every task of its input type, so this LoRA cannot tell those tasks apart: it gives
+    one answer per query, and at most one of the k tasks sharing it can be right (the ~1/k ceiling,
+    `tasks.bare_query_ceiling`)."""
     import time
 
-    rng = random.Random(seed)
-    params = [p for n, p in top.model.named_parameters() if p.requires_grad and "lora_" in n]
+    params = lora_parameters(top.model)
     if not params:
-        raise ValueError("the model has no trainable lora_ parameters (wrap it with peft first)")
+        raise _no_lora("the model")
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    log = TrainLog()
+    log = TrainLog(opt_steps={"lora": 0})
+    stream = batch_stream(
+        task_of, prompts_of_task, steps=steps, tasks_per_step=tasks_per_step, per_task=per_task, seed=seed
+    )
     t0 = time.perf_counter()
     top.model.train()
     try:
-        for step in range(steps):
-            batch = sample_step(task_of, tasks, tasks_per_step, per_task, rng)
+        for step, (batch, _) in enumerate(stream):
             rows = [r for _, rs in batch for r in rs]
             sub = packed.subset(rows)
             loss = answer_loss(top.answer_logits(hidden[rows], sub), sub)
             opt.zero_grad()
             loss.backward()
             opt.step()
+            log.opt_steps["lora"] += 1
+            log.rows.append(rows)
             log.loss.append(float(loss.detach()))
+            if on_step is not None:
+                on_step(step, log.loss[-1])
+    finally:
+        top.model.eval()
+    log.wall_s = time.perf_counter() - t0
+    return log
+
+
+@dataclass
+class PromptContext:
+    """Cached trunks of training examples with a system prompt in context (`cache_prompt_context`).
+
+    `prefix`: ``{prompt index: (Tp, d)}`` trunk of each system prompt; `hidden` (M, T, d) and `packed` (M rows):
+    the continuations (query + answer + terminator, no BOS: the prompt has it) with that prompt in context;
+    `row`: ``{(example index, prompt index): row of hidden / packed}``.
+    """
+
+    prefix: dict[int, torch.Tensor]
+    hidden: torch.Tensor
+    packed: Packed
+    row: dict[tuple[int, int], int]
+
+    def batch(
+        self, groups: Sequence[tuple[int, Sequence[int]]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Packed]:
+        """Inputs of `EdgeTop.answer_logits_with_prefix` for ``[(prompt index, example rows)]``: the prompts
+        right-padded (P, Tp, d), their lengths (P,), the owner prompt of each row (B,), the rows' trunks (B, T, d)
+        and their `Packed`."""
+        prompts = [j for j, _ in groups]
+        t_p = max(self.prefix[j].shape[0] for j in prompts)
+        d = self.hidden.shape[-1]
+        pre = self.hidden.new_zeros(len(prompts), t_p, d)
+        for k, j in enumerate(prompts):
+            pre[k, : self.prefix[j].shape[0]] = self.prefix[j]
+        lens = torch.tensor([self.prefix[j].shape[0] for j in prompts])
+        rows = [self.row[(r, j)] for j, rs in groups for r in rs]
+        owner = torch.tensor([k for k, (_, rs) in enumerate(groups) for _ in rs])
+        return pre, lens, owner, self.hidden[rows], self.packed.subset(rows)
+
+
+@torch.no_grad()
+def cache_prompt_context(
+    top: EdgeTop,
+    prompts: dict[int, Sequence[int]],
+    rows_of_prompt: dict[int, Sequence[int]],
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    pad_id: int,
+    stop_id: int,
+) -> PromptContext:
+    """Trunks of every example ``pairs[r]`` (query ids without BOS, answer ids) behind each system prompt
+    ``prompts[j]`` (token ids, with BOS) for r in ``rows_of_prompt[j]`` (the prompt's task's examples)."""
+    order = [(r, j) for j in prompts for r in rows_of_prompt[j]]
+    packed = pack([pairs[r] for r, _ in order], pad_id, stop_id)
+    prefix, parts, start = {}, [], 0
+    for j, ids in prompts.items():
+        n = len(rows_of_prompt[j])
+        if not n:
+            continue
+        width = int(packed.pos_t[(packed.pos_b >= start) & (packed.pos_b < start + n)].max()) + 2
+        prefix[j], h = top.trunk_with_prefix(ids, packed.ids[start : start + n, :width])  # no all-pad columns
+        parts.append(F.pad(h, (0, 0, 0, packed.ids.shape[1] - width)))  # (n, T, d), zeros where padding
+        start += n
+    return PromptContext(prefix, torch.cat(parts), packed, {o: m for m, o in enumerate(order)})
+
+
+def train_lora_ctx(
+    top: EdgeTop,
+    context: PromptContext,
+    task_of: Sequence[int],
+    prompts_of_task: dict[int, list[int]],
+    *,
+    steps: int,
+    tasks_per_step: int,
+    per_task: int,
+    lr: float,
+    seed: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
+) -> TrainLog:
+    """Fit the LoRA on `top.model` with each task's system prompt in context (the paper's conventional LoRA, which
+    sees the task description the generator sees): the same batches as `train_generator`, including the prompt
+    variant of each task, so the two differ only in where the prompt goes (edge context vs generated weights).
+
+    Each step runs every prompt of the batch once through the top blocks and its examples as continuations
+    (`EdgeTop.answer_logits_with_prefix`); the gradient flows through the prompt's keys and values too."""
+    import time
+
+    params = lora_parameters(top.model)
+    if not params:
+        raise _no_lora("the model")
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    log = TrainLog(opt_steps={"lora": 0})
+    stream = batch_stream(
+        task_of, prompts_of_task, steps=steps, tasks_per_step=tasks_per_step, per_task=per_task, seed=seed
+    )
+    t0 = time.perf_counter()
+    top.model.train()
+    try:
+        for step, (batch, prompt_idx) in enumerate(stream):
+            pre, lens, owner, hidden, sub = context.batch([(j, rs) for (_, rs), j in zip(batch, prompt_idx)])
+            loss = answer_loss(top.answer_logits_with_prefix(pre, lens, owner, hidden, sub), sub)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            log.opt_steps["lora"] += 1
+            log.rows.append([r for _, rs in batch for r in rs])
+            log.loss.append(float(loss.detach()))
+            if on_step is not None:
+                on_step(step, log.loss[-1])
+    finally:
+        top.model.eval()
+    log.wall_s = time.perf_counter() - t0
+    return log
+
+
+def train_lora_per_task(
+    peft_model: Any,
+    top: EdgeTop,
+    hidden: torch.Tensor,
+    packed: Packed,
+    task_of: Sequence[int],
+    prompts_of_task: dict[int, list[int]],
+    adapters: dict[int, str],
+    *,
+    steps: int,
+    tasks_per_step: int,
+    per_task: int,
+    lr: float,
+    seed: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
+) -> TrainLog:
+    """One LoRA per task (the oracle: it is chosen by the task, so it knows the task without any prompt).
+
+    The multi-task budget split by task: the same batches as `train_lora` (`batch_stream`), and each task's
+    adapter ``adapters[task]`` (peft, one per task on `peft_model`, own AdamW) takes one step on exactly the
+    examples of its task in each batch. Every system thus sees the same examples, as often, with the same forward
+    / backward tokens; a task's adapter takes as many optimiser steps as its task is drawn (about
+    ``steps * tasks_per_step / n_tasks``), each on ``per_task`` examples."""
+    import time
+
+    opts = {}
+    for t, name in adapters.items():
+        params = lora_parameters(peft_model, name)
+        if not params:
+            raise _no_lora(f"adapter {name!r}")
+        opts[t] = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    log = TrainLog(opt_steps={name: 0 for name in adapters.values()})
+    stream = batch_stream(
+        task_of, prompts_of_task, steps=steps, tasks_per_step=tasks_per_step, per_task=per_task, seed=seed
+    )
+    t0 = time.perf_counter()
+    top.model.train()
+    try:
+        for step, (batch, _) in enumerate(stream):
+            total, weight = 0.0, 0
+            for t, rs in batch:
+                if t not in adapters:
+                    raise ValueError(f"task {t} has no adapter; adapters cover tasks {sorted(adapters)}")
+                peft_model.set_adapter(adapters[t])  # active and trainable; the other adapters are frozen and off
+                sub = packed.subset(rs)
+                loss = answer_loss(top.answer_logits(hidden[rs], sub), sub)
+                opts[t].zero_grad()
+                loss.backward()
+                opts[t].step()
+                log.opt_steps[adapters[t]] += 1
+                total += float(loss.detach()) * len(sub.target)
+                weight += len(sub.target)
+            log.rows.append([r for _, rs in batch for r in rs])
+            log.loss.append(total / max(weight, 1))  # the batch's mean answer CE, as the shared LoRAs log it
             if on_step is not None:
                 on_step(step, log.loss[-1])
     finally:
@@ -758,13 +1118,17 @@ __all__ = [
     "LoRAGenerator",
     "MixtureHooks",
     "Packed",
+    "PromptContext",
     "Scores",
     "TrainLog",
     "answer_loss",
+    "batch_stream",
+    "cache_prompt_context",
     "decoder_layers",
     "encode_cloud",
     "export_peft",
     "keep_top_k_softmax",
+    "lora_parameters",
     "lora_params_per_rank",
     "merge_deltas",
     "pack",
@@ -778,5 +1142,7 @@ __all__ = [
     "top_layer_ids",
     "train_generator",
     "train_lora",
+    "train_lora_ctx",
+    "train_lora_per_task",
     "unmerge",
 ]

@@ -128,3 +128,20 @@ def build_tasks(
             prompts.append(system_prompt(relation, fmt, shots))
         tasks.append(Task(relation, fmt, train, test, prompts, seen=name not in unseen))
     return tasks
+
+
+def bare_query_ceiling(rows: list[tuple[str, str]]) -> float:
+    """Highest mean exact match any system reading only the bare query can reach on `rows` ``(query, answer)``.
+
+    Such a system gives one answer per query, so of the rows sharing a query at most those with its most common
+    answer can be right: ceiling = sum over queries of max_answer count(query, answer) / n. With k tasks sharing
+    every query and distinct answers that is 1/k (the multi-task LoRA without the prompt; LoRA-Gen, the prompt in
+    context and the per-task LoRA all know the task and are not bound by it).
+    """
+    if not rows:
+        raise ValueError("bare_query_ceiling needs at least one (query, answer) row, got []")
+    counts: dict[str, dict[str, int]] = {}
+    for query, answer in rows:
+        by_answer = counts.setdefault(query, {})
+        by_answer[answer] = by_answer.get(answer, 0) + 1
+    return sum(max(c.values()) for c in counts.values()) / len(rows)
