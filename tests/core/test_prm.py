@@ -1,12 +1,23 @@
-"""PRMs for the capital-listing task: oracle exactness, deterministic noise, the MiniLM probe."""
+"""PRMs: the core interface, and the capital-listing PRMs of the decoding area (oracle, noise, MiniLM probe)."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import lmlab.core
 from lmlab import data
-from lmlab.core.prm import PRM, NoisyOraclePRM, OracleFactPRM, ProbePRM, fact_training_steps, parse_fact_step
+from lmlab.core.prm import PRM, CountingPRM, threshold_accuracy
+from lmlab.methods.decoding.capitals import (
+    NoisyOraclePRM,
+    OracleFactPRM,
+    ProbePRM,
+    fact_training_steps,
+    parse_fact_step,
+)
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +83,40 @@ def test_probe_beats_the_majority_class_on_held_out_countries():
     assert prm.flops > 0 and prm.score("", ["not a fact"]) == [0.0]
     # a small model's commonest wrong step repeats the country; its cosine is 1, yet the probe must reject it
     assert prm.score("", ["Peru: Peru"])[0] < 0.5 < prm.score("", ["Peru: Lima"])[0]
+
+
+# Core files that still import lmlab.data (known, owned elsewhere; reported to the lead). A new one fails the test.
+KNOWN_DATA_IMPORTS = {"bench_decode.py"}
+_DATA_IMPORT = re.compile(r"^\s*(from\s+lmlab\.data\b|import\s+lmlab\.data\b|from\s+lmlab\s+import\s+[^\n]*\bdata\b)",
+                          re.MULTILINE)  # fmt: skip
+_TASK_WORDS = re.compile(r"\b[Cc]apitals?\b|\b[Cc]ountr(?:y|ies)\b|[Gg]ive the capital|\bQuestion:")
+
+
+def _core_sources():
+    root = Path(lmlab.core.__file__).parent
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*.py"))}
+
+
+def test_core_imports_no_task_data_and_names_no_task():
+    """The core knows no task: no core module imports `lmlab.data` (beyond the known, reported ones), and the step
+    and PRM modules carry no task strings (stop markers and task PRMs come from the caller)."""
+    sources = _core_sources()
+    importing = {name for name, text in sources.items() if _DATA_IMPORT.search(text)}
+    assert importing <= KNOWN_DATA_IMPORTS, sorted(importing - KNOWN_DATA_IMPORTS)
+    for name in ("prm.py", "steps.py"):
+        code = "\n".join(line for line in sources[name].splitlines() if not line.lstrip().startswith("#"))
+        assert not _DATA_IMPORT.search(code), name
+        hits = [m.group(0) for m in _TASK_WORDS.finditer(code)]
+        assert not hits, (name, hits)
+
+
+def test_counting_prm_and_threshold_accuracy():
+    class Half(CountingPRM):
+        def score(self, question, steps):
+            self._count(steps)
+            return [0.5 + 0.5 * ("good" in s) for s in steps]
+
+    prm = Half()
+    assert isinstance(prm, PRM)
+    assert threshold_accuracy(prm, "q", ["good", "bad", "good"], [1, 0, 0], t=0.75) == pytest.approx(2 / 3)
+    assert prm.calls == 1 and prm.steps_scored == 3 and prm.flops == 0.0

@@ -8,8 +8,10 @@ from lmlab import data
 from lmlab.core.compute import ComputeMeter
 from lmlab.core.generation import decode
 from lmlab.core.scoring import encode_prompt
-from lmlab.core.steps import Shot, StepModel, capital_shots
+from lmlab.core.steps import Shot, StepModel
 from lmlab.data.capital_steps import step_prefixes
+from lmlab.data.countries import STOP_MARKERS
+from lmlab.methods.decoding.capitals import capital_shots
 
 
 def test_render_formats(tiny_llama, tiny_tokenizer):
@@ -59,3 +61,47 @@ def test_capital_shots_come_from_the_train_split():
         assert not any(ex_name in names for ex in data.load("capital_steps", None, seed=0)
                        for ex_name in [s["country"] for s in ex.meta["steps"]])  # fmt: skip
     assert test_ids
+
+
+def _ids(tokenizer, text):
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_a_step_beginning_with_question_is_kept_unless_the_caller_asks(tiny_llama, tiny_tokenizer):
+    """Stop markers are the caller's: by default a few-shot step "Question: ..." is an ordinary step (the old core
+    hard-coded the capital task's markers and silently ended the answer there); with the suite's markers it ends."""
+    ids = _ids(tiny_tokenizer, "Question: why is the sky blue?\n")
+    plain = StepModel(tiny_llama, tiny_tokenizer, name="m", fmt="fewshot")
+    out = plain.to_step(ids, "stop_string")
+    assert out.text == "Question: why is the sky blue?" and not out.finished
+    capital = StepModel(tiny_llama, tiny_tokenizer, name="m", fmt="fewshot", stop_markers=STOP_MARKERS)
+    out = capital.to_step(ids, "stop_string")
+    assert out.text == "" and out.finished
+    # matched case-insensitively at the start only; the chat format honours the caller's markers too
+    assert capital.to_step(_ids(tiny_tokenizer, "countries: A, B\n"), "stop_string").finished
+    assert not capital.to_step(_ids(tiny_tokenizer, "Peru: Lima. Question: next?\n"), "stop_string").finished
+    chat = StepModel(tiny_llama, tiny_tokenizer, name="m", fmt="chat", stop_markers=("Q:",))
+    assert chat.to_step(_ids(tiny_tokenizer, "Q: more\n"), "stop_string").finished
+    # the format's own marker: an empty step (a blank line closes a few-shot block) ends the answer either way
+    assert plain.to_step(_ids(tiny_tokenizer, "\n"), "stop_string").finished
+
+
+def test_answer_stops_only_at_the_callers_markers(tiny_llama, tiny_tokenizer, monkeypatch):
+    script = iter(["Peru: Lima", "Question: and Chile?", "Chile: Santiago", ""])
+
+    def fake_next_step(self, question, steps, **kw):
+        return self.to_step(_ids(self.tokenizer, next(script) + "\n"), "stop_string")
+
+    monkeypatch.setattr(StepModel, "next_step", fake_next_step)
+    plain = StepModel(tiny_llama, tiny_tokenizer, name="m", fmt="fewshot")
+    assert plain.answer("q", 5) == ["Peru: Lima", "Question: and Chile?", "Chile: Santiago"]
+    script = iter(["Peru: Lima", "Question: and Chile?", "Chile: Santiago", ""])
+    marked = StepModel(tiny_llama, tiny_tokenizer, name="m", fmt="fewshot", stop_markers=["question:"])
+    assert marked.answer("q", 5) == ["Peru: Lima"]
+
+
+def test_bad_stop_markers_raise(tiny_llama, tiny_tokenizer):
+    with pytest.raises(ValueError, match="stop_markers"):
+        StepModel(tiny_llama, tiny_tokenizer, name="m", stop_markers="Question:")
+    with pytest.raises(ValueError, match="stop_markers"):
+        StepModel(tiny_llama, tiny_tokenizer, name="m", stop_markers=["  "])

@@ -29,7 +29,10 @@ def test_claim_direction_on_smollm2(smollm2):
     # the cost half of the claim, exactly: 1 reward-model call per token instead of k = 10 ...
     assert farma.value == 1.0 and args.value == 10.0
     calls = next(c for c in result.claims if c.metric == "rm_calls_per_token" and c.baseline == "args")
-    assert calls.status == "supported", calls.reason
+    # it holds by construction: shown as a mechanism check, never gating the verdict
+    assert calls.status == "supported" and calls.mechanism and not calls.gate, calls.reason
+    # the gold reward is clustered by prompt: 4 prompts x 2 seeds are 4 independent units
+    assert result.metric("farma", "gold").n == 4
     # ... hence less reward-model compute per sample (wall time is reported by the run, never asserted)
     assert result.metric("farma", "rm_gflops").value < result.metric("args", "rm_gflops").value
     # the reward half, as a documented proxy (gold-reward differences at this size are within noise even at the

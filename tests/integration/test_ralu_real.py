@@ -32,3 +32,7 @@ def test_mechanism_run_on_smollm2(smollm2):
         assert result.metric(system, "judge_calls").value <= cfg_calls + 1e-9
     assert result.flags["scale_proxy"] is True
     assert {row["inequality"] for row in result.tables["ordering"]} >= {"oracle_cfg > initial"}
+    # the checks that hold by construction are shown as mechanism checks and never gate the verdict
+    by_pair = {(c.method, c.baseline): c for c in result.claims}
+    assert by_pair[("oracle_cfg", "initial")].mechanism and by_pair[("whole_refine", "initial")].mechanism
+    assert not any(c.gate for c in result.claims if c.mechanism)

@@ -23,7 +23,8 @@ def test_claim_direction_on_smollm2_and_gemma(smollm2, gemma3):
     )
     # the precondition was measured on the calibration split and reported, whichever way it went
     assert "precondition" in result.flags and result.flags["precondition"]["split"] == "dev"
-    assert result.metric("large_model", "calib_step_accuracy").n == 2 * 2
+    # per country, clustered by question: 2 calibration questions are 2 independent units
+    assert result.metric("large_model", "calib_step_accuracy").n == 2
     # accepted drafts replace large-model thoughts: fewer large-model decode tokens than large-only search ...
     assert result.metric("spec_search", "acceptance_rate").value > 0
     spec_tokens = result.metric("spec_search", "large_decode_tokens").value

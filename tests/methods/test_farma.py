@@ -341,3 +341,90 @@ def test_shared_prompt_scoring_equals_full_sequence_scores(tiny_llama, tiny_toke
         got = score_responses(rm, prompts, responses)
         want = torch.cat([rm.score(torch.tensor([p + r])).detach() for p, r in zip(prompts, responses)])
         assert torch.allclose(got, want, atol=1e-4)
+
+
+class _OtherVocabRM(torch.nn.Module):
+    """A causal-LM-shaped reward model over a different vocabulary size (as a sibling model with extra tokens)."""
+
+    def __init__(self, vocab):
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, **kw):
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        return CausalLMOutputWithPast(logits=torch.zeros(input_ids.shape[0], input_ids.shape[1], self.vocab))
+
+
+def test_farma_refuses_an_rm_with_another_vocabulary(tiny_llama, tiny_tokenizer):
+    """The old processor silently truncated to the smaller vocabulary; now a mismatch names both sizes."""
+    from lmlab.methods.decoding.farma import check_shared_vocab
+
+    ids = torch.tensor([tiny_tokenizer("Once upon a time")["input_ids"]])
+    scores = tiny_llama(ids).logits[:, -1]
+    v = scores.shape[-1]
+    proc = RewardGuidedLogitsProcessor(_OtherVocabRM(v - 4), 1.0, 3, use_cache=False)
+    with pytest.raises(ValueError, match=f"LM vocab size {v} and RM vocab size {v - 4}"):
+        proc(ids, scores)
+    with pytest.raises(ValueError, match="share one vocabulary"):
+        check_shared_vocab(100, 101)
+    check_shared_vocab(v, v)
+    RewardGuidedLogitsProcessor(_OtherVocabRM(v), 1.0, 3, use_cache=False)(ids, scores)  # same size: fine
+
+
+def test_one_pad_id_rule_for_generate_batch_and_its_processors(tiny_llama, tiny_tokenizer):
+    """generate_batch left-pads with `pad_token_id(model, tokenizer)` and refuses a processor that reads another pad
+    id (which would count the padding as real tokens); without a tokenizer pad token the rule is the smallest EOS."""
+    from lmlab.methods.decoding.farma import pad_token_id
+
+    assert pad_token_id(tiny_llama, tiny_tokenizer) == tiny_tokenizer.pad_token_id == 0
+    no_pad = copy.deepcopy(tiny_tokenizer)
+    no_pad.pad_token = None
+    assert no_pad.pad_token_id is None
+    eos = tiny_llama.generation_config.eos_token_id
+    assert pad_token_id(tiny_llama, no_pad) == (min(eos) if isinstance(eos, list) else eos) != 0
+    prompts = _ids(tiny_tokenizer, PROMPTS)  # different lengths: the batch is left-padded
+    rm = _vrm(tiny_llama)
+    with pytest.raises(ValueError, match="pad_token_id"):
+        generate_batch(tiny_llama, no_pad, prompts, max_new_tokens=3,
+                       logits_processors=[RewardGuidedLogitsProcessor(rm, 1.0, 4, pad_token_id=0)])  # fmt: skip
+    pad = pad_token_id(tiny_llama, no_pad)
+
+    def farma(rows):
+        proc = RewardGuidedLogitsProcessor(rm, 1.0, 4, pad_token_id=pad)
+        return generate_batch(tiny_llama, no_pad, rows, max_new_tokens=4, do_sample=False, logits_processors=[proc])
+
+    for p, g in zip(prompts, farma(prompts)):  # the agreed pad id makes a padded row score like the row alone
+        assert g.token_ids == farma([p])[0].token_ids
+
+
+def test_rm_call_counts_are_mechanism_checks_and_never_gate():
+    """1 vs k RM calls per token holds by construction: reported as a mechanism check; the gated checks are all on
+    the gold reward, and none holds when FaRMA is replaced by its baseline."""
+    from lmlab.methods.decoding.farma.config import FarmaConfig
+    from lmlab.methods.decoding.farma.experiment import build_claims
+    from lmlab.results import evaluate_claim
+
+    claims = build_claims(FarmaConfig())
+    calls = [c for c in claims if c.metric == "rm_calls_per_token"]
+    assert len(calls) == 2 and all(c.mechanism and not c.gate for c in calls)
+    gated = [c for c in claims if c.gate]
+    assert gated and {c.metric for c in gated} == {"gold"}
+    rng = torch.Generator().manual_seed(0)
+    base = torch.randn(40, generator=rng).tolist()
+    topics = [i // 2 for i in range(40)]  # prompts x 2 seeds
+    nulls = [evaluate_claim(c, base, base, clusters=topics).status for c in gated]
+    assert "supported" not in [s for c, s in zip(gated, nulls) if c.min_effect >= 0]
+
+
+def test_prompts_x_seeds_are_clustered_by_prompt(tmp_path):
+    """Each held-out prompt is decoded with several seeds: the gold values of one prompt are one cluster, so n counts
+    prompts (the old run counted prompt x seed rows as independent)."""
+    from lmlab.runner import run_method
+
+    result = run_method("farma", preset="smoke", model="tiny-llama", write=False, show_progress=False,
+                        raise_errors=True, threads=1, eval_seeds=2)  # fmt: skip
+    prompts = result.meta_info["data"]["farma_topics/eval"]["n"]
+    gold = result.metric("farma", "gold")
+    head = next(c for c in result.claims if c.metric == "gold" and c.baseline == "top_k" and c.method == "farma")
+    assert gold.n == head.n == prompts and head.n_values == 2 * prompts

@@ -262,3 +262,18 @@ def test_config_validation():
     ]:
         with pytest.raises(ValueError, match=message):
             RSDConfig(**kw)
+
+
+def test_per_step_metrics_are_clustered_by_question():
+    """Calibration step accuracy (the precondition) and the PRM's draft-step classification have one value per step:
+    the steps of a question are one cluster, so n counts questions."""
+    from lmlab.runner import run_method
+
+    result = run_method("rsd", preset="smoke", model="tiny-llama", write=False, show_progress=False,
+                        raise_errors=True, threads=1)  # fmt: skip
+    pre = next(c for c in result.claims if c.metric == "calib_step_accuracy")
+    n_questions = result.meta_info["data"]["capital_steps/dev"]["n"]
+    n_countries = result.config["n_countries"]
+    assert pre.n == n_questions and pre.n_values == n_questions * n_countries
+    row = next(m for m in result.metrics if m.metric == "draft_step_classification_accuracy")
+    assert row.n == result.meta_info["data"]["capital_steps/test"]["n"]  # every question drafts its steps

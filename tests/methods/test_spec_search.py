@@ -124,8 +124,10 @@ def test_rejection_rule_and_ema_thresholds(tiny_llama, tiny_gemma, tiny_tokenize
     theta = 0.7
     res = spec_search(QUESTION, small, large, HashPRM(), n=3, step_prefixes=PREFIXES, theta=theta)
     root = res.depths[0]
-    assert root.n_cold_start == 3 and root.n_drafts == 0  # the large model initialises the beam
-    assert res.thresholds[0] == pytest.approx(sum(root.large_scores) / len(root.large_scores))
+    # default cold start: one large-model thought gives beta_0; the root's other thoughts are drafted and gated
+    assert root.n_cold_start == 1 and root.n_drafts == 3
+    assert res.thresholds[0] == pytest.approx(root.large_scores[0])
+    assert root.n_accepted == sum(v >= root.threshold for v in root.draft_scores)
     for prev, nxt in zip(res.depths, res.depths[1:]):
         assert nxt.threshold == pytest.approx(ema_update(prev.threshold, prev.large_scores, theta))
         # a draft is accepted iff its score reaches the threshold
@@ -133,6 +135,26 @@ def test_rejection_rule_and_ema_thresholds(tiny_llama, tiny_gemma, tiny_tokenize
         assert nxt.n_drafts > 0
     assert 0.0 <= res.acceptance_rate <= 1.0
     assert set(res.provenance) <= {"draft", "correction", "cold_start"}
+
+
+def test_whole_root_cold_start_is_large_only_at_depth_0(tiny_llama, tiny_gemma, tiny_tokenizer):
+    """``n_cold_start=n`` (the old default, now an ablation): the large model writes the whole root, so depth 0 is
+    large-only search by construction; the default drafts the root."""
+    small, large = _models(tiny_gemma, tiny_llama, tiny_tokenizer)
+    res = spec_search(QUESTION, small, large, HashPRM(), n=3, step_prefixes=PREFIXES[:1], n_cold_start=3)
+    root = res.depths[0]
+    assert root.n_cold_start == 3 and root.n_drafts == 0 and res.provenance == ["cold_start"]
+    assert res.thresholds[0] == pytest.approx(sum(root.large_scores) / 3)
+    alone = beam_search(QUESTION, large, HashPRM(), n=3, step_prefixes=PREFIXES[:1])
+    assert res.steps == alone.steps
+    default = spec_search(QUESTION, small, large, HashPRM(), n=3, step_prefixes=PREFIXES[:1])
+    assert default.depths[0].n_cold_start == 1 and default.depths[0].n_drafts == 3
+
+
+def test_config_defaults_to_one_cold_start_thought():
+    from lmlab.methods.decoding.spec_search.config import SpecSearchConfig
+
+    assert SpecSearchConfig().n_cold_start == 1
 
 
 def test_fixed_threshold_has_no_cold_start(tiny_llama, tiny_gemma, tiny_tokenizer):
@@ -254,3 +276,13 @@ def test_config_validation():
         SpecSearchConfig(theta=2.0)
     with pytest.raises(ValueError, match="n_cold_start"):
         SpecSearchConfig(n=4, n_cold_start=5)
+
+
+def test_calibration_countries_are_clustered_by_question():
+    from lmlab.runner import run_method
+
+    result = run_method("spec_search", preset="smoke", model="tiny-llama", write=False, show_progress=False,
+                        raise_errors=True, threads=1, calib_questions=2)  # fmt: skip
+    pre = next(c for c in result.claims if c.metric == "calib_step_accuracy")
+    assert pre.n == 2 and pre.n_values == 2 * result.config["n_steps"]
+    assert result.metric("large_model", "calib_step_accuracy").n == 2

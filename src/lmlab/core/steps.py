@@ -14,6 +14,11 @@ Prompt formats (`StepFormat`):
 
 Steps are stripped of surrounding whitespace and rejoined with the explicit delimiter, so tokenizer boundary
 artifacts (leading spaces, merged newlines) do not leak from one model to another.
+
+When the answer ends: at EOS, or at an empty step (the format's own structural marker: in few-shot, blocks are
+separated by a blank line, so a model that closes its block writes an empty step). Anything task-specific, such as
+the line a few-shot model writes when it starts copying the next question, is the caller's to say: `stop_markers`
+(e.g. a data suite's ``STOP_MARKERS``). This module knows no task.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ class StepModel:
         delimiter (`str`, defaults to ``"\\n"``): the step delimiter.
         max_step_tokens (`int`, defaults to 24): budget per step.
         meter (`ComputeMeter`, *optional*): counts this model's forwards (prefill per call + decode).
+        stop_markers (`Sequence[str]`, defaults to none): step starts that end the answer (matched case-insensitively
+            at the start of a generated step, which is then dropped): the caller's task says what a new question block
+            looks like, e.g. ``("Q:", "###")``. Without them only EOS and an empty step end the answer.
     """
 
     def __init__(
@@ -76,6 +84,7 @@ class StepModel:
         delimiter: str = "\n",
         max_step_tokens: int = 24,
         meter: ComputeMeter | None = None,
+        stop_markers: Sequence[str] = (),
     ):
         if fmt is None:
             fmt = "chat" if has_chat_template(tokenizer) else "fewshot"
@@ -88,6 +97,12 @@ class StepModel:
         self.delimiter = delimiter
         self.max_step_tokens = max_step_tokens
         self.meter = meter
+        if isinstance(stop_markers, str):
+            raise ValueError(f"stop_markers must be a sequence of strings, got the string {stop_markers!r}")
+        for m in stop_markers:
+            if not isinstance(m, str) or not m.strip():
+                raise ValueError(f"stop_markers must be non-empty strings, got {m!r}")
+        self.stop_markers = tuple(m.strip() for m in stop_markers)
 
     def render(self, question: str, steps: Sequence[str], step_prefix: str = "") -> str:
         """The prompt text that asks for the next step after `steps` (which starts with `step_prefix`)."""
@@ -112,7 +127,7 @@ class StepModel:
         """Generate the next step (greedy by default) after `steps`.
 
         `step_prefix` is given, not generated: the step is ``step_prefix + generated text`` (e.g. ``"Peru:"`` in a
-        task whose i-th step must be about the i-th listed country).
+        task whose i-th step must be about the i-th listed item).
         """
         prompt_ids = encode_prompt(self.tokenizer, self.render(question, steps, step_prefix))
         out = decode(
@@ -138,10 +153,15 @@ class StepModel:
         if step_prefix:
             return StepOutput(f"{step_prefix.strip()} {text}".strip(), list(token_ids), stop_reason == "eos",
                               list(token_logprobs))  # fmt: skip
-        # a base model that starts a new question block has finished the answer
-        finished = stop_reason == "eos" or not text or (self.fmt == "fewshot" and starts_new_block(text))
-        return StepOutput("" if finished and starts_new_block(text) else text, list(token_ids), finished,
-                          list(token_logprobs))  # fmt: skip
+        # a model that starts a new question block (as the caller's markers describe it) has finished the answer
+        marked = self.starts_new_block(text)
+        finished = stop_reason == "eos" or not text or marked
+        return StepOutput("" if marked else text, list(token_ids), finished, list(token_logprobs))
+
+    def starts_new_block(self, text: str) -> bool:
+        """Whether `text` (a generated step) begins with one of the caller's `stop_markers`."""
+        lowered = text.lower()
+        return any(lowered.startswith(m.lower()) for m in self.stop_markers)
 
     def sample_steps(
         self,
@@ -188,17 +208,3 @@ class StepModel:
             if out.finished:
                 break
         return steps
-
-
-def starts_new_block(text: str) -> bool:
-    """Whether a few-shot model's output starts the next question block (so the answer has ended)."""
-    lowered = text.lower()
-    return lowered.startswith(("give the capital", "countries:", "question:"))
-
-
-def capital_shots(seed: int = 0, n: int = 2, n_countries: int = 3) -> list[Shot]:
-    """Few-shot examples for the capital-listing task, from the countries *train* split (never a test country)."""
-    from lmlab.data import load
-
-    return [Shot(ex.prompt, tuple(ex.target.splitlines())) for ex in load("capital_steps", n, seed=seed, split="train",
-                                                                          n_countries=n_countries)]  # fmt: skip

@@ -47,6 +47,12 @@ from lmlab.data.normalize import contains_answer, normalize
 TASKS: tuple[str, ...] = ("capital", "country_of_capital", "continent", "currency", "iso2", "iso3")
 STYLES: tuple[str, ...] = ("question", "completion", "fewshot")
 
+# Line starts that open a new question block in the capital prompts (the `capital_steps` instruction "Give the
+# capital of each country, ..." and its "Countries: ..." line, and the "Question: ..." of a base-model Q/A format).
+# A few-shot model that writes one of them has finished its answer and begun another question: step-level decoders
+# (`lmlab.core.steps.StepModel(stop_markers=...)`) end the answer there. Matched case-insensitively at a step's start.
+STOP_MARKERS: tuple[str, ...] = ("Give the capital", "Countries:", "Question:")
+
 CONTINENTS: dict[str, str] = {
     "AF": "Africa",
     "AN": "Antarctica",
@@ -288,6 +294,12 @@ def _lookup(country: str) -> dict[str, Any]:
         if norm in {normalize(a) for a in r["aliases"]}:
             return r
     raise ValueError(f"country must be an ISO code or a country name known to lmlab.data.countries, got {country!r}")
+
+
+def country_record(country: str) -> dict[str, Any]:
+    """The facts of `country` (an ISO alpha-2/alpha-3 code or any accepted name, accent- and case-insensitive): a
+    fresh copy of its `country_facts` dict. Raises `ValueError` for an unknown country."""
+    return copy.deepcopy(_lookup(country))
 
 
 def capital_of(country: str) -> str:

@@ -711,7 +711,8 @@ class RewardGuidedLogitsProcessor(LogitsProcessor):
             returns ``logits`` (batch, seq, V_RM) -- `VChannelRM` or a plain HF causal LM as in the official code.
         w (`float`, defaults to 1.0): the RM weight (official ``w=1.0``).
         k (`int`, defaults to 10): candidates kept (official ``topk=10``).
-        pad_token_id (`int`, *optional*): the pad id of left-padded batches.
+        pad_token_id (`int`, *optional*): the pad id of left-padded batches (in `generate_batch`:
+            ``pad_token_id(model, tokenizer)``, which it checks).
         use_cache (`bool`, defaults to `True`): keep the RM's KV cache across steps (the official loop re-runs the
             whole prefix every step; both give the same scores).
         meter, meter_name: count the RM's forwards.
@@ -761,14 +762,25 @@ class RewardGuidedLogitsProcessor(LogitsProcessor):
         return logits
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        rm_logits = self.rm_logits(input_ids).to(scores.device)
-        n = min(scores.shape[-1], rm_logits.shape[-1])
-        combined = torch.full_like(scores, float("-inf"))
-        # tokens past the RM's vocabulary (padded LM vocab) are never chosen, as l_LM[:V_RM] in the official code
-        combined[:, :n] = scores[:, :n] + self.w * rm_logits[:, :n]
-        k = min(self.k, n)
+        rm_logits = self.rm_logits(input_ids).to(scores.device)  # (B, V_RM)
+        check_shared_vocab(scores.shape[-1], rm_logits.shape[-1])
+        combined = scores + self.w * rm_logits  # (B, V)
+        k = min(self.k, combined.shape[-1])
         kth = torch.topk(combined, k, dim=-1).values[:, -1:]
         return combined.masked_fill(combined < kth, float("-inf"))
+
+
+def check_shared_vocab(lm_vocab: int, rm_vocab: int) -> None:
+    """FaRMA adds the RM's logit of token a to the LM's logit of token a: both must index one vocabulary.
+
+    The official code slices ``l_LM[:V_RM]``, which silently pairs different tokens when the two models' vocabularies
+    differ; here a mismatch is an error (build the V-channel RM on the LM itself: `VChannelRM.from_causal_lm(lm)`).
+    """
+    if lm_vocab != rm_vocab:
+        raise ValueError(
+            f"FaRMA needs the LM and the reward model to share one vocabulary, got LM vocab size {lm_vocab} and RM "
+            f"vocab size {rm_vocab} (build the RM on the LM: VChannelRM.from_causal_lm(lm))"
+        )
 
 
 class ARGSLogitsProcessor(LogitsProcessor):
@@ -920,6 +932,18 @@ class Generation:
         return len(self.token_ids)
 
 
+def pad_token_id(model: Any, tokenizer: Any, eos_token_id: int | Sequence[int] | None = None) -> int:
+    """The id left-padded batches are padded with: the tokenizer's pad token, else its smallest EOS id, else 0.
+
+    The one rule for `generate_batch`, `best_of_n` and the processors' ``pad_token_id`` (which must name the same id
+    to tell left padding from real tokens).
+    """
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    eos = _eos_ids(model, tokenizer, eos_token_id)
+    return min(eos) if eos else 0
+
+
 @torch.no_grad()
 def generate_batch(
     model: Any,
@@ -962,9 +986,16 @@ def generate_batch(
         raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
     device = next(model.parameters()).device
     eos = _eos_ids(model, tokenizer, eos_token_id)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (min(eos) if eos else 0)
+    pad = pad_token_id(model, tokenizer, eos_token_id)
     n = len(prompts)
     width = max(len(p) for p in prompts)
+    if any(len(p) < width for p in prompts):  # left padding: the processors must recognise the same pad id
+        for proc in logits_processors:
+            if hasattr(proc, "pad") and proc.pad != pad:
+                raise ValueError(
+                    f"{type(proc).__name__} reads left padding as pad_token_id={proc.pad!r}, but generate_batch pads "
+                    f"with {pad} (pad_token_id(model, tokenizer)); build the processor with pad_token_id={pad}"
+                )
     ids = torch.full((n, width), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
@@ -1182,7 +1213,7 @@ def best_of_n(
                              temperature=temperature, top_k=top_k, seed=seed, meter=meter,
                              meter_name=meter_name)  # fmt: skip
     seqs = [s.prompt_ids + s.token_ids for s in samples]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad = pad_token_id(model, tokenizer)
     rewards = score_responses(rm, [s.prompt_ids for s in samples], [s.token_ids for s in samples],
                               pad_token_id=pad, meter=meter, meter_name=rm_meter_name)  # fmt: skip
     out = []

@@ -16,8 +16,11 @@ whole-program refinement, at the same number of judge calls?
   refine may use them all as rewinds).
 - **Metric:** pass@1 of the final program, by running the HumanEval tests only through
   `lmlab.core.rewards.humaneval_rewards` (the sandbox); also LLM calls, tokens and wall time.
-- **Claim check (computed):** each inequality of the expected ordering oracle > RaLU-CFG >= line > whole >=
-  initial, as a paired bootstrap over problems; oracle > initial is the plumbing check (if it fails, it is a bug).
+- **Claim check (computed):** the expected ordering oracle > RaLU-CFG >= line > whole >= initial, one paired
+  bootstrap over problems per inequality, plus RaLU-CFG > whole (RaLU-CFG > initial when whole is not run). Gated:
+  RaLU-CFG >= line (a guard), line > whole and RaLU-CFG > whole. Mechanism checks, shown but never gating: whole >=
+  initial and oracle > initial (pass@1 of the initial drafts is 0 by selection, and the oracle judge repairs by
+  construction: if it does not, it is a bug). oracle > RaLU-CFG is an upper bound, reported only.
 """
 
 from __future__ import annotations
@@ -25,12 +28,20 @@ from __future__ import annotations
 import functools
 import random
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from lmlab.core.seeding import derive_seed
 from lmlab.results import Claim
 
 GE = -0.02  # ">=" checks: "at least as good, up to 2 points" (the catalogue's convention)
+# the expected ordering, one inequality (a, b, direction, min_effect) at a time
+CHAIN: tuple[tuple[str, str, str, float], ...] = (
+    ("oracle_cfg", "ralu_cfg", ">", 0.0),
+    ("ralu_cfg", "ralu_line", ">", GE),
+    ("ralu_line", "whole_refine", ">", 0.0),
+    ("whole_refine", "initial", ">", GE),
+)
 
 
 def _results(problems: list[dict[str, Any]], sources: list[str], cfg: Any) -> list[Any]:
@@ -295,13 +306,7 @@ def run(cfg: Any, ctx: Any):
     ctx.table("mutations", [{"operator": k, "count": v} for k, v in sorted(ops.items())])
 
     # the expected ordering, one inequality at a time, from the measured pass@1
-    chain = [
-        ("oracle_cfg", "ralu_cfg", ">", 0.0),
-        ("ralu_cfg", "ralu_line", ">", GE),
-        ("ralu_line", "whole_refine", ">", 0.0),
-        ("whole_refine", "initial", ">", GE),
-    ]
-    chain = [c for c in chain if c[0] in systems and c[1] in systems]
+    chain = [c for c in CHAIN if c[0] in systems and c[1] in systems]
     mean = {s: sum(per[s]["pass@1"]) / len(per[s]["pass@1"]) for s in systems}
     rows = []
     for a, b, _, eps in chain + ([("oracle_cfg", "initial", ">", 0.0)] if "oracle_cfg" in systems else []):
@@ -334,12 +339,40 @@ def run(cfg: Any, ctx: Any):
         ),
     )
 
-    claims = []
+    return ctx.finish(build_claims(systems))
+
+
+def build_claims(systems: Sequence[str]) -> list[Claim]:
+    """The claim checks for the systems that ran (all on pass@1, paired over problems).
+
+    Mechanism checks (shown, never gating): every draft fails its tests by selection, so pass@1(initial) = 0 and
+    "X >= initial" holds for any X; the oracle judge runs the tests over a pool that holds the inverse edit, so it
+    repairs by construction (if it does not, that is a bug). "oracle > RaLU-CFG" is an upper bound, reported only:
+    the verdict must not fail because RaLU matches the oracle.
+    """
+    claims: list[Claim] = []
     if "oracle_cfg" in systems:
         claims.append(
-            Claim("pass@1", "oracle_cfg", "initial", ">", text="plumbing: oracle-judge RaLU-CFG repairs mutants")
+            Claim(
+                "pass@1",
+                "oracle_cfg",
+                "initial",
+                ">",
+                mechanism=True,
+                text="plumbing (mechanism): oracle-judge RaLU-CFG repairs mutants",
+            )  # fmt: skip
         )
-    for a, b, direction, eps in chain:
+    for a, b, direction, eps in [c for c in CHAIN if c[0] in systems and c[1] in systems]:
         sign = ">=" if eps < 0 else ">"
-        claims.append(Claim("pass@1", a, b, direction, min_effect=eps, text=f"pass@1: {a} {sign} {b}"))
-    return ctx.finish(claims)
+        by_construction = b == "initial" and eps < 0
+        upper_bound = a == "oracle_cfg"
+        label = "mechanism: " if by_construction else "upper bound, not gated: " if upper_bound else ""
+        claims.append(Claim("pass@1", a, b, direction, min_effect=eps, mechanism=by_construction,
+                            gate=not upper_bound, text=f"{label}pass@1: {a} {sign} {b}"))  # fmt: skip
+    if "whole_refine" in systems:
+        # the headline of the mechanism: unit-level (CFG) repair beats whole-program refinement at the same budget
+        text = "pass@1: ralu_cfg > whole_refine (unit-level beats whole-program repair)"
+        claims.append(Claim("pass@1", "ralu_cfg", "whole_refine", ">", text=text))
+    else:  # without the whole-program baseline, the least RaLU must do: repair some of the injected bugs
+        claims.append(Claim("pass@1", "ralu_cfg", "initial", ">", text="pass@1: ralu_cfg > initial (repairs bugs)"))
+    return claims

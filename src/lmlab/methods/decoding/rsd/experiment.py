@@ -14,7 +14,8 @@ accuracy, and the threshold rule omega = 1{r >= delta} is the optimal acceptance
    delta. Greedy steps are memoised across systems (`StepCache`); every system is charged its full cost anyway.
 3. Metrics per question with bootstrap CIs: step accuracy, all-steps-correct, target / draft / PRM / total GFLOPs as
    run (every call re-prefills its prompt), the same under a per-model KV cache (re-prefill only on model switches),
-   official token counts and acceptance rate, target-step rate, wall time; a per-model cost table.
+   official token counts and acceptance rate, target-step rate, wall time; a per-model cost table. Metrics with one
+   value per step (calibration step accuracy, the PRM's draft-step classification) are clustered by question.
 
 Claim check (headline PRM at the headline delta; gated only if the precondition holds):
 acc(RSD) >= acc(target-only) - 2 points, acc(RSD) > acc(draft-only), target GFLOPs(RSD) < target-only,
@@ -34,9 +35,10 @@ from lmlab.core.models import flop_params
 from lmlab.core.plotting import bar_with_ci, quality_vs_compute, title_for
 from lmlab.core.scoring import has_chat_template
 from lmlab.core.seeding import derive_seed
-from lmlab.core.steps import StepModel, capital_shots
+from lmlab.core.steps import StepModel
 from lmlab.data import grade
 from lmlab.data.capital_steps import step_prefixes, step_scores
+from lmlab.methods.decoding.capitals import STOP_MARKERS, capital_shots
 from lmlab.methods.decoding.rsd.method import (
     ConstantOmega,
     RSDOutput,
@@ -56,7 +58,7 @@ def _fmt_delta(delta: float) -> str:
 
 
 def _make_prm(name: str, cfg: Any) -> Any:
-    from lmlab.core.prm import NoisyOraclePRM, OracleFactPRM, ProbePRM
+    from lmlab.methods.decoding.capitals import NoisyOraclePRM, OracleFactPRM, ProbePRM
 
     if name == "noisy":
         return NoisyOraclePRM(cfg.prm_eps, cfg.prm_sigma, seed=cfg.seed)
@@ -74,6 +76,7 @@ def _step_model(model: Any, tok: Any, role: str, fmt: str, shots: list, cfg: Any
         shots=shots if fmt == "fewshot" else (),
         delimiter=cfg.delimiter,
         max_step_tokens=cfg.max_step_tokens,
+        stop_markers=STOP_MARKERS,  # the capital prompts' question-block starts end a few-shot answer
     )
 
 
@@ -124,12 +127,17 @@ def _score(ex: Any, out: RSDOutput) -> dict[str, float]:
 
 
 def _calibrate(cfg: Any, ctx: Any, role: str, model: Any, tok: Any, fmts: list[str], shots: list, examples: list):
-    """Step accuracy (per calibration step) and cost of each candidate format; returns (chosen fmt, {fmt: values})."""
+    """Step accuracy (per calibration step) and cost of each candidate format.
+
+    Returns (chosen fmt, {fmt: (mean step accuracy, mean GFLOPs, per-step values)}, per-step question ids): the
+    steps of one question are one cluster (they share the question's prompt and the model's earlier steps).
+    """
     results = {}
     cache = StepCache()
+    clusters: list[str] = []
     for fmt in fmts:
         sm = _step_model(model, tok, role, fmt, shots, cfg)
-        values, gflops = [], []
+        values, gflops, ids = [], [], []
         for ex in ctx.progress(examples, f"calibration {role} {fmt}"):
             out = single_model_generate(
                 sm,
@@ -141,14 +149,19 @@ def _calibrate(cfg: Any, ctx: Any, role: str, model: Any, tok: Any, fmts: list[s
                 seed=cfg.seed,
                 **_gen_kwargs(cfg, ex),
             )
-            values.extend(step_scores(ex, out.steps))
+            scores = step_scores(ex, out.steps)  # one per country of the question, missing steps score 0
+            values.extend(scores)
+            ids.extend([ex.id] * len(scores))
             gflops.append(out.meter.models[role].flops / 1e9)
         system = f"calib_{role}_{fmt}"
-        ctx.record(system, "calib_step_accuracy", values, note="dev split, per step")
+        ctx.record(
+            system, "calib_step_accuracy", values, clusters=ids, note="dev split, per step, clustered by question"
+        )
         ctx.record(system, "calib_gflops_per_question", gflops, unit="GFLOP")
         results[fmt] = (float(np.mean(values)), float(np.mean(gflops)), values)
+        clusters = ids
     chosen = max(fmts, key=lambda f: (results[f][0], -results[f][1]))
-    return chosen, results
+    return chosen, results, clusters
 
 
 def _sweep_figure(cfg: Any, deltas: list[float], rows: dict[str, dict[str, float]], title: str) -> bytes:
@@ -188,10 +201,10 @@ def run(cfg: Any, ctx: Any):
 
     # 1. calibration split (dev): prompt format per model and the precondition (target more step-accurate)
     calib = ctx.data("capital_steps", cfg.n_calibration, split="dev", n_countries=cfg.n_countries)
-    d_fmt, d_res = _calibrate(
+    d_fmt, d_res, calib_ids = _calibrate(
         cfg, ctx, "draft", draft_model, draft_tok, _candidates(cfg.draft_format, draft_tok), shots, calib
     )
-    t_fmt, t_res = _calibrate(
+    t_fmt, t_res, _ = _calibrate(
         cfg, ctx, "target", target_model, target_tok, _candidates(cfg.target_format, target_tok), shots, calib
     )
     pre_claim = Claim(
@@ -206,6 +219,7 @@ def run(cfg: Any, ctx: Any):
         t_res[t_fmt][2],
         d_res[d_fmt][2],
         seed=derive_seed(cfg.seed, "claim", pre_claim.method, pre_claim.baseline, pre_claim.metric),
+        clusters=calib_ids,  # the same questions in the same order for both models
     )
     holds = pre.status == "supported"
     ctx.flag(
@@ -384,12 +398,14 @@ def run(cfg: Any, ctx: Any):
     )
     # the PRM as a step classifier on the draft's proposals (reward >= delta vs the step's gold correctness)
     for p in prms:
-        hits = []
+        hits, ids = [], []
         for ex, o in zip(examples, outs[headline[p]]):
             gold = step_scores(ex, [r.draft_text or "" for r in o.log])
             hits += [float((r.reward >= cfg.threshold) == bool(g)) for r, g in zip(o.log, gold)]
+            ids += [ex.id] * min(len(o.log), len(gold))
         if hits:
-            ctx.record(f"prm_{p}", "draft_step_classification_accuracy", hits, note=f"reward >= {cfg.threshold:g}")
+            ctx.record(f"prm_{p}", "draft_step_classification_accuracy", hits, clusters=ids,
+                       note=f"reward >= {cfg.threshold:g}, per draft step, clustered by question")  # fmt: skip
 
     # the draft/target per-token FLOP ratio below which RSD's total would beat target-only at this acceptance
     ratio = flop_params(draft_model) / flop_params(target_model)

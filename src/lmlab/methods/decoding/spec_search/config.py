@@ -26,8 +26,11 @@ class SpecSearchConfig(BaseConfig):
         theta (`float`, defaults to 0.9): EMA weight (paper: 0.9, secondary; 0.8-0.95 in its sensitivity study).
         estimator (`str`, defaults to ``"mean"``): estimate of the large model's step quality (spec: mean; a secondary
             summary says the paper uses the max over large and accepted thoughts).
-        n_cold_start (`int`, *optional*): large-model thoughts at the root (default: all `n`: the large model
-            initialises the beam and beta_0 is their mean score).
+        n_cold_start (`int`, *optional*, defaults to 1): large-model thoughts at the root; beta_0 is their mean
+            score and the small model drafts the root's other thoughts (paper [verify]: beta_0 from "one or a few"
+            large-model thoughts at t = 0; the official code was not reachable). ``None`` = all `n`: the large model
+            writes the whole root, so depth 0 equals large-only search by construction; the experiment reports it as
+            the ``cold_start_all`` ablation.
         n_large_per_step (`int`, defaults to 1): large-model thoughts at the best node of each later depth, so the EMA
             is fed even when every draft passes (a secondary summary: the large model "additionally generates one").
         temperature (`float`, defaults to 0.7): sampling temperature of every thought.
@@ -37,7 +40,8 @@ class SpecSearchConfig(BaseConfig):
         prms (`list[str]`, defaults to ``["noisy", "probe"]``): PRMs to run the headline check with (the first is the
             headline); ``"oracle"`` adds the oracle upper bound (flagged ``oracle_prm``).
         noisy_eps, noisy_sigma: `NoisyOraclePRM` label-flip probability and noise.
-        ablations (`bool`, defaults to `True`): run accept-every-draft and fixed-threshold with the headline PRM.
+        ablations (`bool`, defaults to `True`): run accept-every-draft, fixed-threshold and the whole-root cold start
+            (``cold_start_all``) with the headline PRM.
         n_questions (`int`, defaults to 12): test questions. calib_questions (`int`, defaults to 7): calibration
             (dev split) questions for the precondition and the prompt formats (7 x 3 = 21 countries).
         small_fmt, large_fmt (`str`, defaults to ``"auto"``): prompt format per model; ``auto`` picks, on the
@@ -61,7 +65,9 @@ class SpecSearchConfig(BaseConfig):
         "mean", "estimate of the large model's step quality", paper="max (secondary)", choices=ESTIMATORS
     )
     n_cold_start: int | None = param(
-        None, "large-model thoughts at the root (default: n)", paper="beam initialised by the large model (secondary)"
+        1,
+        "large-model thoughts at the root, giving beta_0 (None: all n, the large model writes the root)",
+        paper="one or a few large-model thoughts at t = 0 [verify]",
     )
     n_large_per_step: int = param(1, "large-model thoughts per later depth feeding the EMA", paper="1 (secondary)")
     temperature: float = param(0.7, "sampling temperature of thoughts")
@@ -73,7 +79,7 @@ class SpecSearchConfig(BaseConfig):
     prms: list = param(["noisy", "probe"], "PRMs for the headline check (first = headline); 'oracle' adds the bound")
     noisy_eps: float = param(0.15, "NoisyOraclePRM label-flip probability")
     noisy_sigma: float = param(0.1, "NoisyOraclePRM noise std")
-    ablations: bool = param(True, "run accept-every-draft and fixed-threshold with the headline PRM")
+    ablations: bool = param(True, "run accept-every-draft, fixed-threshold and whole-root cold start (headline PRM)")
     n_questions: int = param(12, "test questions", paper="100 MATH / GSM8K problems")
     calib_questions: int = param(7, "calibration (dev split) questions")
     small_fmt: str = param("auto", "prompt format of the small model", choices=FORMATS)

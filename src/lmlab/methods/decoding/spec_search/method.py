@@ -12,7 +12,7 @@ depth t and for each kept partial path z:
 2. **Evaluate**: a process reward model V scores every draft.
 3. **Quality-preserving rejection**: a draft is accepted iff ``V >= beta_t``, a step-wise threshold that estimates the
    *large* model's thought quality from its thoughts at earlier steps (an EMA); beta_0 comes from a cold start, the
-   mean score of the large model's thoughts at the root (by default it writes all of the root's thoughts).
+   score of the large model's thought(s) at the root (by default one; the small model drafts the root's others).
 4. **Correct**: the large model writes the node's remaining thoughts (one per rejected draft), by plain sampling or
    by token-level speculative decoding with a same-tokenizer drafter (lossless); their scores update the EMA.
 5. **Select**: accepted and corrected thoughts of all nodes are pooled and beam search keeps the top B distinct paths
@@ -64,7 +64,7 @@ class ThoughtModel(StepModel):
     """A `StepModel` that samples n thoughts from one prefill and keeps a prefix KV cache across calls.
 
     Args:
-        model, tokenizer, name, fmt, shots, delimiter, max_step_tokens, meter: as for `StepModel`.
+        model, tokenizer, name, fmt, shots, delimiter, max_step_tokens, meter, stop_markers: as for `StepModel`.
         prefix_cache (`bool`, defaults to `True`): reuse the KV cache of the longest previously processed prompt
             prefix (what vLLM's prefix caching does); off: every call prefills its whole prompt.
         cache_entries (`int`, defaults to 32): sequences kept in the prefix cache (least recently used evicted): the
@@ -89,6 +89,7 @@ class ThoughtModel(StepModel):
         meter: ComputeMeter | None = None,
         prefix_cache: bool = True,
         cache_entries: int = 32,
+        stop_markers: Sequence[str] = (),
     ):
         super().__init__(
             model,
@@ -99,6 +100,7 @@ class ThoughtModel(StepModel):
             delimiter=delimiter,
             max_step_tokens=max_step_tokens,
             meter=meter,
+            stop_markers=stop_markers,
         )
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
@@ -430,6 +432,7 @@ class SpeculativeThoughtModel(ThoughtModel):
             meter=target.meter,
             prefix_cache=target.prefix_cache,
             cache_entries=target.cache_entries,
+            stop_markers=target.stop_markers,
         )
         if drafter.tokenizer.get_vocab() != target.tokenizer.get_vocab():
             raise ValueError(
@@ -843,9 +846,11 @@ def spec_search(
     At depth t each kept path gets `n_drafts` small-model drafts; those with PRM score >= beta_t are accepted (the `n`
     best at most), and the large model writes the node's remaining thoughts (a correction per rejected draft). The
     accepted and corrected thoughts of all paths are pooled and the top `beam_width` paths survive. The large model
-    writes `n_cold_start` of the root's thoughts (the cold start: their mean score is beta_0; by default all `n`, so
-    the beam is initialised by the large model) and, in EMA mode, `n_large_per_step` thoughts at the best node of each
-    later depth, so the EMA sees the large model even when every draft passes.
+    writes `n_cold_start` of the root's thoughts (the cold start: their mean score is beta_0; by default one, and the
+    root's other thoughts are drafted and gated like every later depth's) and, in EMA mode, `n_large_per_step`
+    thoughts at the best node of each later depth, so the EMA sees the large model even when every draft passes.
+    ``n_cold_start=n`` makes the large model write the whole root, so depth 0 is large-only search by construction:
+    an ablation, not the default.
 
     Args:
         question (`str`): the problem.
@@ -861,8 +866,9 @@ def spec_search(
             a number is a fixed threshold, with no large-model thoughts beyond corrections (``-inf`` accepts every
             draft and never calls the large model; ``inf`` rejects every draft).
         estimator (`str`, defaults to ``"mean"``): estimate of the large model's step quality (``mean`` or ``max``).
-        n_cold_start (`int`, *optional*): large-model thoughts at the root (default: `n` in EMA mode, 0 with a fixed
-            threshold); in EMA mode beta_0 is their estimator value, so it must be >= 1.
+        n_cold_start (`int`, *optional*): large-model thoughts at the root (default: 1 in EMA mode, the fewest that
+            give beta_0 [verify: the official code was not reachable]; 0 with a fixed threshold); in EMA mode beta_0
+            is their estimator value, so it must be >= 1.
         n_large_per_step (`int`, defaults to 1): large-model thoughts at the best node of each later depth (EMA mode).
         n_drafts (`int`, *optional*): drafts per node (default `n`).
         corrector (`str`, defaults to ``"plain"``): ``"plain"`` samples the large model (batched); ``"sd"`` uses
@@ -891,7 +897,7 @@ def spec_search(
     if not ema and (isinstance(threshold, bool) or not isinstance(threshold, int | float) or math.isnan(threshold)):
         raise ValueError(f"threshold must be 'ema' or a number, got {threshold!r}")
     if n_cold_start is None:
-        n_cold_start = n if ema else 0
+        n_cold_start = 1 if ema else 0
     if not (1 if ema else 0) <= n_cold_start <= n:
         raise ValueError(f"n_cold_start must be in [{1 if ema else 0}, n={n}], got {n_cold_start}")
     if not 0 <= n_large_per_step <= n:
