@@ -26,7 +26,7 @@ class ShadowKVConfig(BaseConfig):
         quest_page (`int`, defaults to 16): Quest's page size; loki_rank (`int`, defaults to 16): Loki's principal
             dimensions (d/4); sink (`int`, defaults to 4): StreamingLLM's sink tokens.
         context_tokens (`int`, defaults to 2048): prefill length of the teacher-forced fidelity prompts.
-        n_prompts (`int`, defaults to 4): fidelity prompts (batched), the independent units (clusters) of the
+        n_prompts (`int`, defaults to 8): fidelity prompts (batched), the independent units (clusters) of the
             fidelity metrics; decode_steps: teacher-forced steps T per prompt.
         prefill_chunk (`int`, *optional*): prefill in forward calls of this many tokens (chunked prefill); None
             prefills each prompt in one call, as the reference's attention does.
@@ -58,7 +58,7 @@ class ShadowKVConfig(BaseConfig):
     loki_rank: int = param(16, "Loki principal dimensions for approximate scores (d/4)", paper="d/4 (Loki)")
     sink: int = param(4, "StreamingLLM sink tokens", paper="4 (StreamingLLM)")
     context_tokens: int = param(2048, "fidelity prompt length (prefill)", paper="RULER 128K, LongBench [paper]")
-    n_prompts: int = param(4, "fidelity prompts (one batch); the unit of the KL/top-1 CIs and claims")
+    n_prompts: int = param(8, "fidelity prompts (one batch); the unit of the KL/top-1 CIs and claims (>= 6 to decide)")
     prefill_chunk: int | None = param(
         None,
         "prompt tokens per prefill forward call (None: one call)",
