@@ -84,6 +84,20 @@ def test_nm_pattern():
     assert int(groups.max()) <= 2
 
 
+@pytest.mark.parametrize("n, m", [(1, 4), (3, 4), (2, 8), (2, 4)])
+def test_nm_means_prune_n_of_m_like_wanda(n, m):
+    """N:M prunes N of every M in mAIHT as in the engine's Wanda mask (1:4 was giving 75% sparsity, keep-n)."""
+    from lmlab.core.pruning.masks import nm_mask
+
+    w, gram = _problem(c_out=16, c_in=32, seed=7)
+    out = solve(w, gram, n / m, nm=(n, m))
+    zeros = (out.weight == 0).reshape(16, 32 // m, m).sum(-1)
+    wanda_zeros = nm_mask(w.abs() * gram.diag().sqrt()[None, :], n, m).reshape(16, 32 // m, m).sum(-1)
+    assert torch.equal(zeros, wanda_zeros)
+    assert int(zeros.min()) == n and int(zeros.max()) == n
+    assert abs(float((out.weight == 0).float().mean()) - n / m) < 1e-6
+
+
 def test_bad_inputs():
     w, gram = _problem()
     with pytest.raises(ValueError, match="variant"):

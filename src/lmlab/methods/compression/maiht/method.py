@@ -73,11 +73,15 @@ def hard_threshold(v: torch.Tensor, tau: float) -> torch.Tensor:
 
 
 def nm_mask_rows(v: torch.Tensor, n: int, m: int) -> torch.Tensor:
-    """N:M mask of V (C_in, C_out) along the input dimension: in each group of m consecutive inputs of one output,
-    keep the n largest |V| (the official ``generate_nm_mask`` on the transposed weight)."""
+    """N:M keep-mask of V (C_in, C_out) along the input dimension: in each group of m consecutive inputs of one
+    output, prune the n smallest |V| and keep the other m - n (the official ``generate_nm_mask`` on the transposed
+    weight). "N:M" means prune N of every M everywhere in lmlab, as in Wanda / SparseGPT's ``prune_n, prune_m`` and
+    `lmlab.core.pruning.masks.nm_mask`; at 2:4 keeping n and keeping m - n coincide, which hid the difference."""
     c_in, c_out = v.shape
+    if not 0 <= n < m:
+        raise ValueError(f"N:M = {n}:{m}: expected 0 <= N < M (prune N of every M)")
     groups = v.T.reshape(c_out, c_in // m, m).abs()
-    idx = groups.topk(n, dim=-1).indices
+    idx = groups.topk(m - n, dim=-1).indices
     mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, idx, True)
     return mask.reshape(c_out, c_in).T
 
