@@ -374,3 +374,35 @@ def test_storage_report_and_sparse_copy(tiny_llama):
     ids = _calib(2, 16)
     with torch.no_grad():
         torch.testing.assert_close(csr(input_ids=ids).logits, model(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_a_block_without_nn_linear_is_refused_not_left_dense():
+    """GPT-2's Conv1D holds its weights (C_in, C_out): silently skipping it reported sparsity 0 on a dense model."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from lmlab.core.pruning import prune_model
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32)).eval()
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="type Conv1D"):
+        prune_model(model, ids, method="wanda", sparsity=0.5)
+
+
+def test_latency_report_decode_is_a_cached_step(tiny_llama):
+    """ "decode" is one token against a KV cache of the prefill length (it was a 1-token forward without cache)."""
+    from lmlab.core.pruning import latency_report
+
+    calls = []
+
+    def spy(module, args, kwargs):
+        past = kwargs.get("cache", kwargs.get("past_key_values"))
+        calls.append((kwargs["input_ids"].shape[1], 0 if past is None else past.get_seq_length()))
+
+    handle = tiny_llama.register_forward_pre_hook(spy, with_kwargs=True)
+    try:
+        rep = latency_report({"a": tiny_llama}, prefill_tokens=12, repeats=2, warmup=2)
+    finally:
+        handle.remove()
+    assert set(rep) == {"decode", "prefill"}
+    decode_calls = [c for c in calls if c[0] == 1]
+    assert decode_calls and all(length == 12 for _, length in decode_calls)  # every timed step sees 12 cached tokens

@@ -51,7 +51,24 @@ def decoder_blocks(model: Any) -> nn.ModuleList:
 
 
 def block_linears(block: nn.Module) -> dict[str, nn.Linear]:
-    """Every ``nn.Linear`` inside a block, by name relative to the block, in module order."""
+    """Every ``nn.Linear`` inside a block, by name relative to the block, in module order.
+
+    A block holding a weight matrix in another layer type (GPT-2's ``Conv1D`` stores (C_in, C_out)) raises instead
+    of being left silently dense with a reported sparsity of 0.
+    """
+    other = [
+        (name, type(m).__name__)
+        for name, m in block.named_modules()
+        if not isinstance(m, nn.Linear | nn.Embedding)
+        and isinstance(getattr(m, "weight", None), torch.Tensor)
+        and m.weight.dim() == 2
+    ]
+    if other:
+        name, kind = other[0]
+        raise ValueError(
+            f"cannot prune layer {name!r} of type {kind}: lmlab's pruners handle nn.Linear weights (C_out, C_in) only "
+            f"({len(other)} such layer(s) in this block); convert the model's {kind} layers to nn.Linear first"
+        )
     return {name: m for name, m in block.named_modules() if isinstance(m, nn.Linear)}
 
 
@@ -185,6 +202,8 @@ def capture_block_inputs(model: Any, calib_ids: torch.Tensor, *, batch_size: int
     The forward stops at the last block (its pre-hook raises), so the LM head never runs.
     """
     blocks = decoder_blocks(model)
+    for block in blocks:
+        block_linears(block)  # an unsupported layer type is refused before any calibration forward
     hidden: list[torch.Tensor] = []
     calls: list[list[tuple[tuple, dict]]] = [[] for _ in blocks]
 
