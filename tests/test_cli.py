@@ -115,3 +115,58 @@ def test_run_writes_a_result_folder(tmp_path, capsys):
     names = {p.name for p in folders[0].iterdir()}
     assert {"result.json", "metrics.csv", "samples.jsonl", "config.yaml", "report.md", "report.html"} <= names
     assert "verdict:" in out.stdout
+
+
+# -- lmlab prune ------------------------------------------------------------------------------------------------
+
+
+_PRUNE = ["prune", "--model", "tiny-llama", "--n-calib", "4", "--seqlen", "32", "--no-progress"]
+
+
+@pytest.mark.parametrize("method, extra, expected", [
+    ("wanda", ["--sparsity", "0.5"], 0.5),
+    ("maiht", ["--structure", "1:4"], 0.25),
+    ("atp", ["--sparsity", "0.5", "--beta", "0.1"], 0.5),
+])  # fmt: skip
+def test_prune_writes_a_loadable_hf_folder_with_its_report(tmp_path, method, extra, expected):
+    from lmlab.core.models import load_model
+    from lmlab.core.pruning import model_sparsity
+
+    out = tmp_path / "pruned"
+    assert main([*_PRUNE, "--method", method, *extra, "--out", str(out)]) == 0
+    report = json.loads((out / "sparsity_report.json").read_text())
+    assert report["method"] == method and abs(report["sparsity"] - expected) < 0.01
+    assert "| block | linear |" in (out / "sparsity_report.md").read_text()
+    model, _ = load_model(str(out))  # a standard HF folder: valid --model for every method
+    assert abs(model_sparsity(model)["sparsity"] - expected) < 0.01
+    if method == "atp":
+        rates = report["target_sparsities"]
+        assert rates[0] < 0.5 < rates[-1]  # the arithmetic progression, deeper blocks sparser
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
+
+
+@pytest.mark.parametrize("bad, needle", [
+    (["--method", "wanda", "--sparsity", "1.5"], "--sparsity 1.5"),
+    (["--method", "pruneit"], "--method 'pruneit'"),
+    (["--method", "wanda", "--structure", "5:4"], "5:4"),
+    (["--method", "wanda", "--calib", "missing.txt"], "missing.txt"),
+    (["--method", "owl", "--structure", "2:4"], "--method owl"),
+    (["--method", "wanda", "--beta", "0.01"], "--beta"),
+])  # fmt: skip
+def test_prune_rejects_bad_values_before_any_work(tmp_path, capsys, monkeypatch, bad, needle):
+    import lmlab.core.models as models
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+    assert main([*_PRUNE, *bad, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+    assert not (tmp_path / "x").exists()
+
+
+def test_prune_refuses_an_existing_out(tmp_path, capsys):
+    (tmp_path / "x").mkdir()
+    assert main([*_PRUNE, "--method", "wanda", "--out", str(tmp_path / "x")]) == 2
+    assert "already exists" in capsys.readouterr().err

@@ -384,6 +384,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-q", "--quiet", action="store_true")
     b.set_defaults(func=cmd_bench)
 
+    from lmlab.prune import add_parser as add_prune_parser
+
+    add_prune_parser(sub)
+
     p = sub.add_parser("env", help="versions, git hash, CPU and threads (for bug reports)")
     p.set_defaults(func=cmd_env)
     return parser
