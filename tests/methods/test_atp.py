@@ -91,3 +91,24 @@ def test_sweep_levels_run_every_allocation_at_their_own_mean(tmp_path):
     sweep_claims = [c for c in result.claims if c.text.startswith("sweep:")]
     assert sweep_claims and not any(c.gate for c in sweep_claims)
     assert "wanda_reverse_s50" not in {m.system for m in result.metrics}
+
+
+def test_owl_lambda_is_searched_with_the_same_budget_as_beta():
+    """Equal tuning: OWL's lambda is chosen on the same validation windows, by the same grid walk and patience,
+    from as many candidates as ATP's beta grid (it was fixed at 0.08 while ATP's beta was tuned)."""
+    from lmlab.methods.compression.atp.method import walk_grid
+    from lmlab.registry import get_method
+    from lmlab.runner import resolve_config, run_method
+
+    cfg = resolve_config(get_method("atp"), preset="default")
+    assert len(cfg.owl_lambdas) == len(cfg.betas) and cfg.owl_lambda in cfg.owl_lambdas
+    result = run_method("atp", preset="smoke", model="tiny-llama", write=False, show_progress=False,
+                        raise_errors=True, threads=1)  # fmt: skip
+    for suffix in ("", "_s50"):
+        curve = result.tables[f"owl_lambda_search{suffix}"]
+        assert 1 <= len(curve) <= len(result.config["owl_lambdas"])
+        best = min(curve, key=lambda r: (r["val_ppl"], r["lambda"]))["lambda"]
+        assert result.flags[f"owl_lambda_star{suffix}"] == pytest.approx(best)
+    # the walk's patience rule is the beta search's
+    assert [r["x"] for r in walk_grid(lambda x: {1: 3.0, 2: 2.0, 3: 2.5, 4: 1.0}[x], [1, 2, 3, 4], 1, key="x")] == [
+        1.0, 2.0, 3.0]  # fmt: skip

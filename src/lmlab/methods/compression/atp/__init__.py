@@ -23,6 +23,7 @@ SPEC = register_method(
         presets={
             "smoke": {
                 "betas": [0.0, 0.05],
+                "owl_lambdas": [0.0, 0.08],  # as many candidates as betas: the same tuning budget
                 "sweep": [0.5],
                 "sweep_pruners": ["wanda", "sparsegpt"],
                 "pruners": ["wanda", "sparsegpt"],
@@ -34,6 +35,7 @@ SPEC = register_method(
             },
             "quick": {
                 "betas": [0.0, 0.008],
+                "owl_lambdas": [0.0, 0.08],
                 "sweep": [],
                 "pruners": ["wanda"],
                 "n_calib": 4,

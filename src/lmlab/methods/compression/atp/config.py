@@ -30,7 +30,9 @@ class ATPConfig(BaseConfig):
         pruners (`list[str]`): base pruners (``wanda``, ``sparsegpt``); SparseGPT runs at uniform, OWL and the
             beta Wanda's search chose (a SparseGPT search of its own costs 3-6 more ~15 s prunes).
         sparsegpt_search (`bool`): search beta with SparseGPT too instead of reusing Wanda's beta.
-        owl (`bool`): run the OWL allocation baseline (M = 5, lambda = 0.08).
+        owl (`bool`): run the OWL allocation baseline (M = 5; lambda searched on validation, see owl_lambdas).
+        owl_lambdas (`list[float]`): OWL's lambda grid, searched like beta (same validation windows, same patience,
+            the same number of candidates): a baseline with a knob gets the method's tuning budget.
         reverse (`bool`): run the reversed progression (beta* < 0) sanity check.
         n_calib, seq_len: calibration windows x tokens (train split of the `corpus` suite); 12 x 128 = 1536 tokens,
             the width of SmolLM2's `down_proj` input (fewer leaves SparseGPT's Hessian rank-deficient).
@@ -57,7 +59,15 @@ class ATPConfig(BaseConfig):
     sparsegpt_search: bool = param(False, "search beta with SparseGPT too (else reuse Wanda's beta*)")
     owl: bool = param(True, "OWL allocation baseline (M = 5, lambda = 0.08)", paper="OWL among the baselines")
     owl_m: float = param(5.0, "OWL outlier threshold M (times the layer mean score)", paper="5 (OWL)")
-    owl_lambda: float = param(0.08, "OWL sparsity spread lambda", paper="0.08 (OWL)")
+    owl_lambda: float = param(
+        0.08, "OWL sparsity spread lambda (used as is when owl_lambdas is empty)", paper="0.08 (OWL)"
+    )
+    owl_lambdas: list = param(
+        [0.0, 0.04, 0.08, 0.12, 0.16, 0.2],
+        "OWL lambda grid searched on the same validation windows, walked with the same patience, as many candidates "
+        "as the beta grid: the baseline gets ATP's tuning budget ([] = the fixed owl_lambda)",
+        paper="OWL's fixed lambda 0.08 (the ATP paper does not tune it)",
+    )
     reverse: bool = param(True, "reversed progression (decreasing sparsity) sanity check")
     n_calib: int = param(12, "calibration windows", paper="128 x 2048 C4 tokens, seed 1")
     seq_len: int = param(128, "tokens per calibration / evaluation window", paper="2048")
@@ -84,6 +94,8 @@ class ATPConfig(BaseConfig):
         if "wanda" not in self.pruners:
             raise ValueError(f"pruners={self.pruners!r}: 'wanda' is required (its search chooses beta)")
         check_range("search_patience", self.search_patience, 0, 1000)
+        for lam in self.owl_lambdas:
+            check_range("owl_lambdas", lam, 0.0, 1.0)
         for name in ("n_calib", "n_val", "n_test"):
             check_range(name, getattr(self, name), 1, 100000)
         check_range("seq_len", self.seq_len, 8, 8192)

@@ -42,7 +42,7 @@ from lmlab.core.pruning import (
     window_nll,
 )
 from lmlab.core.pruning.evaluate import record_perplexity
-from lmlab.methods.compression.atp.method import layer_sparsities, max_beta, search_beta
+from lmlab.methods.compression.atp.method import layer_sparsities, max_beta, search_beta, walk_grid
 from lmlab.results import Claim
 
 # systems of the sweep levels are named like "wanda_atp_s50"; the headline level's have no suffix
@@ -218,12 +218,30 @@ class _Sweep:
             if self.owl_ratios is None:  # one pass over the dense model; the ratios do not depend on the level
                 self.owl_ratios = owl_sparsities(self.model, self.calib, level, m=cfg.owl_m, lmbda=cfg.owl_lambda,
                                                  batch_size=cfg.batch_size).outlier_ratios  # fmt: skip
-            owl = owl_from_ratios(self.owl_ratios, level, cfg.owl_lambda)
+            lam_star, owl_pruned = cfg.owl_lambda, None
+            lams = [lam for lam in cfg.owl_lambdas if level + lam < 1.0 and level - lam >= 0.0]
+            if lams:  # the same tuning budget as beta: validation windows, grid walk, patience
+                best_owl: list[Any] = []  # [val_ppl, lambda, (model, report)] of the best lambda so far
+
+                def evaluate_owl(lam: float) -> float:
+                    pm, rep = self.prune("wanda", owl_from_ratios(self.owl_ratios, level, lam))
+                    v = math.exp(float(np.mean(self.nll(pm, self.val))))
+                    if not best_owl or v < best_owl[0]:  # strict: a tie keeps the smaller lambda, walked first
+                        best_owl[:] = [v, lam, (pm, rep)]
+                    return v
+
+                owl_curve = walk_grid(evaluate_owl, lams, cfg.search_patience, key="lambda")
+                lam_star, owl_pruned = best_owl[1], best_owl[2]
+                best_owl.clear()
+                ctx.table(f"owl_lambda_search{suffix}", [{k: round(v, 5) for k, v in r.items()} for r in owl_curve])
+            ctx.flag(f"owl_lambda_star{suffix}", lam_star)
+            owl = owl_from_ratios(self.owl_ratios, level, lam_star)
             ctx.table(f"owl_outlier_ratio{suffix}", [
                 {"block": i, "outlier_ratio_pct": round(r, 4), "owl_sparsity": round(s, 4)}
                 for i, (r, s) in enumerate(zip(self.owl_ratios, owl))
             ])  # fmt: skip
-            self.finish("wanda_owl", level, headline, self.prune("wanda", owl), owl)
+            self.finish("wanda_owl", level, headline, owl_pruned or self.prune("wanda", owl), owl)
+            del owl_pruned
         if headline and cfg.reverse and beta_star > 0:
             rev = layer_sparsities(n_blocks, level, -beta_star)
             self.finish("wanda_reverse", level, headline, self.prune("wanda", rev), rev, -beta_star)

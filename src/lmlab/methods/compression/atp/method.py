@@ -71,6 +71,28 @@ class SearchResult:
     table: list[dict] = field(default_factory=list)  # {"beta", "val_ppl"} per beta, in grid order
 
 
+def walk_grid(
+    evaluate: Callable[[float], float], candidates: Sequence[float], patience: int = 0, *, key: str = "value"
+) -> list[dict]:
+    """Score `candidates` in order with `evaluate` (lower is better); ``patience = p > 0`` stops after p consecutive
+    candidates that do not improve on the best so far. Returns ``[{key: candidate, "val_ppl": score}, ...]``.
+
+    One rule for ATP's beta and for the baselines' knobs (OWL's lambda), so both get the same search budget.
+    """
+    if patience < 0:
+        raise ValueError(f"patience={patience}: expected 0 (whole grid) or a positive number of candidates")
+    table: list[dict] = []
+    worse_in_a_row = 0
+    for value in candidates:
+        score = float(evaluate(value))
+        improved = not table or score < min(row["val_ppl"] for row in table)
+        table.append({key: float(value), "val_ppl": score})
+        worse_in_a_row = 0 if improved else worse_in_a_row + 1
+        if patience and worse_in_a_row >= patience:
+            break
+    return table
+
+
 def search_beta(
     evaluate: Callable[[list[float]], float],
     n_blocks: int,
@@ -88,17 +110,6 @@ def search_beta(
     """
     if not betas:
         raise ValueError("betas=[]: expected at least one beta to try")
-    if patience < 0:
-        raise ValueError(f"patience={patience}: expected 0 (whole grid) or a positive number of betas")
-    table: list[dict] = []
-    worse_in_a_row = 0
-    for beta in betas:
-        rates = layer_sparsities(n_blocks, sparsity, beta)
-        val_ppl = float(evaluate(rates))
-        improved = not table or val_ppl < min(row["val_ppl"] for row in table)
-        table.append({"beta": float(beta), "val_ppl": val_ppl})
-        worse_in_a_row = 0 if improved else worse_in_a_row + 1
-        if patience and worse_in_a_row >= patience:
-            break
+    table = walk_grid(lambda beta: evaluate(layer_sparsities(n_blocks, sparsity, beta)), betas, patience, key="beta")
     best = min(table, key=lambda row: (row["val_ppl"], abs(row["beta"])))
     return SearchResult(best["beta"], layer_sparsities(n_blocks, sparsity, best["beta"]), table)
