@@ -115,11 +115,14 @@ class LoReFTIntervention(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """Apply the edit to h: (..., d) -> (..., d)."""
-        rotated = self.rotate_layer(h)  # (..., rank) = R h
-        source = self.learned_source(h)  # (..., rank) = W h + b
-        if self.act_fn is not None:
-            source = self.act_fn(source)
-        delta = torch.matmul(source - rotated, self.R.to(h.dtype))  # (..., d) = Rᵀ(W h + b − R h)
+        r = self.R.to(h.dtype)  # (rank, d)
+        if self.act_fn is None:
+            # (W h + b) - R h as one product (W - R) h + b: the same value, one matmul instead of two, and exactly
+            # zero when W = R (two separate products round differently on some CPU kernels)
+            diff = nn.functional.linear(h, self.learned_source.weight - r, self.learned_source.bias)  # (..., rank)
+        else:
+            diff = self.act_fn(self.learned_source(h)) - self.rotate_layer(h)  # (..., rank)
+        delta = torch.matmul(diff, r)  # (..., d) = Rᵀ(W h + b − R h)
         return self.dropout(h + delta)
 
     @torch.no_grad()
