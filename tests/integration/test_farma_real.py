@@ -29,8 +29,9 @@ def test_claim_direction_on_smollm2(smollm2):
     # the cost half of the claim, exactly: 1 reward-model call per token instead of k = 10 ...
     assert farma.value == 1.0 and args.value == 10.0
     calls = next(c for c in result.claims if c.metric == "rm_calls_per_token" and c.baseline == "args")
-    # it holds by construction: shown as a mechanism check, never gating the verdict
-    assert calls.status == "supported" and calls.mechanism and not calls.gate, calls.reason
+    # it holds by construction: shown as a mechanism check, never gating the verdict (its status over the 4 prompt
+    # clusters is inconclusive at this size: n < 6 units; the effect itself is exact)
+    assert calls.observed_effect == -9.0 and calls.mechanism and not calls.gate, calls.reason
     # the gold reward is clustered by prompt: 4 prompts x 2 seeds are 4 independent units
     assert result.metric("farma", "gold").n == 4
     # ... hence less reward-model compute per sample (wall time is reported by the run, never asserted)
