@@ -88,3 +88,23 @@ def test_smoke_run_records_everything():
     assert {"storage", "latency", "per_block", "summary"} <= set(r.tables)
     assert "CUDA" in r.flags["semi_structured_2_4_on_cpu"] or "available" in r.flags["semi_structured_2_4_on_cpu"]
     assert {"perplexity", "block_error_vs_depth"} <= set(r.figures)
+
+
+def test_timing_decisions_never_reach_the_metrics(monkeypatch):
+    """Which linears CSR runs faster on is decided from a timing: two runs whose micro-benchmark decides opposite
+    ways must record the same non-timing metrics (``csr_layers_faster`` was a metric and broke the same-seed test
+    under load). The decode speed is a cached step, also reported as tokens/s."""
+    import lmlab.methods.compression.wanda.experiment as experiment
+
+    real_plan = experiment.csr_plan
+
+    def rows(use_csr: bool) -> dict:
+        def plan(model, **kw):
+            return {k: {**v, "use_csr": use_csr} for k, v in real_plan(model, **kw).items()}
+
+        monkeypatch.setattr(experiment, "csr_plan", plan)
+        r = run_method("wanda", preset="smoke", write=False, show_progress=False, raise_errors=True, threads=1)
+        assert r.metric("wanda_s50_dispatched", "decode_throughput").unit == "tok/s"
+        return {(m.system, m.metric): m.value for m in r.metrics if m.unit not in {"s", "ms", "tok/s"}}
+
+    assert rows(True) == rows(False)

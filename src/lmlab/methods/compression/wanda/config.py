@@ -35,7 +35,8 @@ class PruningConfig(BaseConfig):
             (LLaMA-2-7B at 50%: 5.12 -> 6.51 perplexity is +0.24 nats).
         speed (`bool`, defaults to `True`): measure storage and dense vs sparse latency in this run.
         speed_repeats (`int`, defaults to 5): timed rounds per workload (interleaved, `compare_timings`).
-        prefill_tokens (`int`, defaults to 128): tokens of the prefill workload (decode: 1 token).
+        prefill_tokens (`int`, defaults to 128): tokens of the prefill workload, and the context of the
+            cached decode step (1 new token against a KV cache of this length).
         save_model (`str`, *optional*): write the method's unstructured pruned model here as a HF folder (usable as
             ``--model`` by any method).
     """
@@ -63,7 +64,7 @@ class PruningConfig(BaseConfig):
     dense_margin: float = param(0.25, "margin (nats) of the 'small increase over dense' check")
     speed: bool = param(True, "measure storage and dense vs sparse latency in this run")
     speed_repeats: int = param(5, "timed rounds per latency workload")
-    prefill_tokens: int = param(128, "tokens of the prefill latency workload")
+    prefill_tokens: int = param(128, "tokens of the prefill workload and KV-cache length of the decode step")
     save_model: str | None = param(None, "write the method's unstructured pruned model here (HF folder)")
 
     method_id = "wanda"  # overridden by subclasses; not a field

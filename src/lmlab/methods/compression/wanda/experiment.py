@@ -237,12 +237,21 @@ def _speed(cfg: Any, ctx: Any, dense: Any, pruned: Any, system: str) -> None:
                 unit="ms",
                 note=f"{'cached decode step, ' if workload == 'decode' else ''}{cfg.prefill_tokens}-token context",
             )
+            if workload == "decode":  # one new token per step against the KV cache: tokens/s = 1 / step time
+                ctx.record(
+                    name,
+                    "decode_throughput",
+                    [1.0 / max(t, 1e-12) for t in timing.times[name]],
+                    unit="tok/s",
+                    note=f"1 / cached decode step time, {cfg.prefill_tokens}-token context, batch 1",
+                )
             sp = timing.speedups.get(name)
             rows.append(
                 {
                     "workload": workload,
                     "model": name,
                     "median_ms": round(stats.median * 1e3, 2),
+                    "tok_per_s": round(1.0 / stats.median, 2) if workload == "decode" else "",
                     "speedup_vs_dense": round(sp.median, 3) if sp else 1.0,
                     "speedup_iqr": f"[{sp.q25:.3f}, {sp.q75:.3f}]" if sp else "",
                     "contended": timing.contended,
