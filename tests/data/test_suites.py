@@ -34,6 +34,7 @@ VARIANTS: dict[str, list[dict]] = {
     "capital_steps": [{}, {"n_countries": 2}],
     "fact_corpus": [{"n_facts": 300}, {"kind": "control"}, {"kind": "document", "n_facts": 300}],
     "ruler": [{"context_tokens": 256}, {"task": "niah_multikey", "context_tokens": 300}, {"task": "vt"}],
+    "glyphs": [{}, {"n_images": 1, "chars": 2, "scale": 2, "prose_chars": 50}],
 }
 N = 8
 BAD_KWARGS: dict[str, dict] = {
@@ -49,6 +50,7 @@ BAD_KWARGS: dict[str, dict] = {
     "capital_steps": {"n_countries": 0},
     "fact_corpus": {"kind": "essay"},
     "ruler": {"task": "qa"},
+    "glyphs": {"scale": 0},
 }
 # Suites whose default pool is enumerated (n=None gives the whole split); the others need an int n.
 FINITE = {
@@ -77,7 +79,7 @@ def _bad(name: str, ex: Example) -> str:
         return "   "
     if name == "countries":
         return {"iso2": "zz", "iso3": "ZZZ"}.get(ex.meta["task"], "I do not know.")
-    if name in ("capital_steps", "ruler"):
+    if name in ("capital_steps", "ruler", "glyphs"):
         return "I do not know."
     if name == "fact_corpus":
         return "nowhere"
@@ -310,6 +312,19 @@ def test_countries_pool_and_splits():
 def test_countries_stratified():
     exs = load("countries", 10, seed=0, stratify_by_population=True, strata=5)
     assert sorted(e.meta["population_quantile"] for e in exs) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_stop_markers_open_every_capital_steps_prompt_line():
+    """The capital suite's stop markers stay in step with its prompts: a model that copies a question block starts
+    a step with one of them (and so ends its answer in `StepModel`), while an answer line ("Peru: Lima") does not."""
+    from lmlab.data.countries import STOP_MARKERS
+
+    def starts_block(line: str) -> bool:
+        return line.lower().startswith(tuple(m.lower() for m in STOP_MARKERS))
+
+    for ex in load("capital_steps", 5, seed=0, split="train"):
+        assert all(starts_block(line) for line in ex.prompt.splitlines()), ex.prompt
+        assert not any(starts_block(line) for line in ex.target.splitlines())
 
 
 # --------------------------------------------------------------------------------------------------------------------

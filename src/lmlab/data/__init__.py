@@ -31,6 +31,7 @@ SUITE_INDEX: Mapping[str, str] = {
     "corpus": "lmlab.data.corpus",
     "instructions": "lmlab.data.instructions",
     "ruler": "lmlab.data.ruler",
+    "glyphs": "lmlab.data.glyphs",
 }
 
 

@@ -53,6 +53,8 @@ class MMInferenceController(AttentionController):
         min_len (`int`): shorter prefills run dense.
         mode (`str`): ``dense``, ``capture``, ``sparse`` or ``shadow``.
         shadow_repeats, shadow_warmup (`int`): timed rounds and warm-ups of the shadow comparison per layer.
+        layout (`modality.ModalityLayout`, *optional*): the modality spans of the input being prefilled, needed by
+            MMInference's mixed-modality kinds (``q_boundary``, ``2d_boundary``, ``vision_grid``).
     """
 
     patterns: dict[int, dict[int, Any]] = field(default_factory=dict)
@@ -64,6 +66,7 @@ class MMInferenceController(AttentionController):
     mode: str = "sparse"
     shadow_repeats: int = 3
     shadow_warmup: int = 2
+    layout: Any = None
     records: list[LayerRecord] = field(default_factory=list)
     captured: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
@@ -78,6 +81,7 @@ class MMInferenceController(AttentionController):
             scale=scale,
             forced_columns=self.forced_columns,
             forced_diagonals=self.forced_diagonals,
+            layout=self.layout,
         )
 
     def attend(

@@ -36,6 +36,14 @@ class MMInferenceConfig(BaseConfig):
         timing_threads (`int`, defaults to 1): torch threads during timing (fair-timing protocol).
         baselines (`list[str]`): static baselines run on every head: ``a_shape``, ``vertical_slash``.
         max_delta_nll (`float`, defaults to 0.1): non-inferiority margin of the NLL claim (nats/token).
+        mm_images, mm_chars, mm_scale, mm_prose_chars (`int`): shape of the mixed-modality prompts (`glyphs` suite):
+            pictures per prompt, symbols per picture, pixel repetition, characters per prose paragraph.
+        n_mm (`int`, defaults to 6): held-out mixed-modality windows (glyphs test split; one calibration prompt
+            from the train split).
+        mm_vs (`list[int]`, defaults to ``[128, 256]``): the one per-row budget [vertical, slash] of every
+            mixed-modality system (equal budget: VS without permutation, Q-boundary, 2D-boundary, grid, searched).
+        mm_recall_layers (`int`, defaults to 5): layers (evenly spaced) where held-out attention recall is measured.
+        mm_timing_repeats (`int`, defaults to 6): timed rounds of the mixed-modality per-layer kernel comparison.
     """
 
     block_size: int = param(128, "query/key block of the CPU kernel", paper="64 (Triton kernels)")
@@ -62,7 +70,7 @@ class MMInferenceConfig(BaseConfig):
     calib_tokens: int = param(2048, "natural-text calibration length", paper="one calibration input")
     periodic_tokens: int = param(1024, "periodic-frames calibration length (the negative control only)")
     eval_task: str = param("passkey", "RULER task of the held-out quality check", choices=EVAL_TASKS)
-    n_eval: int = param(3, "held-out RULER examples (test split)")
+    n_eval: int = param(6, "held-out RULER examples (test split; >= 6 for a decisive clustered claim)")
     eval_tokens: int = param(2048, "prompt length of the held-out examples")
     nll_tokens: int = param(256, "scored positions at the end of each prompt (logits_to_keep)")
     gen_tokens: int = param(8, "greedy answer tokens")
@@ -73,6 +81,18 @@ class MMInferenceConfig(BaseConfig):
     timing_threads: int = param(1, "torch threads during timing")
     baselines: list = param(["a_shape", "vertical_slash"], "static baselines on every head")
     max_delta_nll: float = param(0.1, "non-inferiority margin of the NLL claim (nats/token)")
+    mm_images: int = param(2, "pictures per mixed-modality prompt (glyphs suite)")
+    mm_chars: int = param(2, "font symbols per picture")
+    mm_scale: int = param(2, "pixel repetition of the pictures (9 x scale rows)")
+    mm_prose_chars: int = param(400, "characters of each prose paragraph around the pictures")
+    n_mm: int = param(6, "held-out mixed-modality windows (glyphs test split; >= 6 for a decisive claim)")
+    mm_vs: list = param(
+        [128, 256],
+        "per-row budget [vertical, slash] shared by every mixed-modality system (equal budget)",
+        paper="[1000, 2048] (mix-modality search space) [code]",
+    )
+    mm_recall_layers: int = param(5, "layers (evenly spaced) where held-out attention recall is measured")
+    mm_timing_repeats: int = param(6, "timed rounds of the mixed-modality per-layer kernel comparison")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -114,3 +134,12 @@ class MMInferenceConfig(BaseConfig):
             if b not in ("a_shape", "vertical_slash"):
                 raise ValueError(f"baselines entries must be a_shape or vertical_slash, got {b!r}")
         check_range("max_delta_nll", self.max_delta_nll, 0.0)
+        check_range("mm_images", self.mm_images, 1, 16)
+        check_range("mm_chars", self.mm_chars, 1, 12)
+        check_range("mm_scale", self.mm_scale, 1, 4)
+        check_range("mm_prose_chars", self.mm_prose_chars, 0, 100_000)
+        check_range("n_mm", self.n_mm, 1)
+        if len(self.mm_vs) != 2 or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in self.mm_vs):
+            raise ValueError(f"mm_vs must be [vertical >= 1, slash >= 1], got {self.mm_vs!r}")
+        check_range("mm_recall_layers", self.mm_recall_layers, 1)
+        check_range("mm_timing_repeats", self.mm_timing_repeats, 1)

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from lmlab.core.attention import use_controller
 from lmlab.core.seeding import derive_seed
@@ -44,8 +45,19 @@ from lmlab.methods.efficiency.mminference.attention import MMInferenceController
 from lmlab.methods.efficiency.mminference.method import (
     amdahl_bound,
     attention_flop_share,
+    build_layer_index,
+    causal_attention_probs,
     default_search_space,
     search_patterns,
+    sparse_prefill,
+)
+from lmlab.methods.efficiency.mminference.modality import (
+    MODALITIES,
+    ModalityLayout,
+    block_purity,
+    group_recall,
+    mm_search_space,
+    search_mm_patterns,
 )
 from lmlab.results import Claim
 
@@ -200,6 +212,8 @@ def run(cfg: Any, ctx: Any) -> Any:
         if "tokenizer" in info.get("kwargs", {}):
             info["kwargs"]["tokenizer"] = getattr(tok, "name_or_path", type(tok).__name__)
     quality: dict[str, dict[str, list[float]]] = {s: {} for s in systems}
+    # the prompt id of every per-position value: the positions of one prompt are one cluster (one resampled unit)
+    window_of: dict[str, dict[str, list[str]]] = {s: {} for s in systems}
     samples = []
     for ex in ctx.progress(examples, "quality"):
         ids = torch.tensor([tok(ex.prompt)["input_ids"]])
@@ -216,6 +230,10 @@ def run(cfg: Any, ctx: Any) -> Any:
                 ref_logp = logp
             q.setdefault("kl_to_dense", []).extend((ref_logp.exp() * (ref_logp - logp)).sum(-1).clamp(min=0).tolist())
             q.setdefault("top1_agreement", []).extend((ref_logp.argmax(-1) == logp.argmax(-1)).float().tolist())
+            w = window_of[name]
+            w.setdefault("nll", []).extend([ex.id] * len(targets))
+            w.setdefault("kl_to_dense", []).extend([ex.id] * logp.shape[0])
+            w.setdefault("top1_agreement", []).extend([ex.id] * logp.shape[0])
             q.setdefault("retrieval_accuracy", []).append(ruler_grade(ex, answer))
             if pats is not None:
                 q.setdefault("density", []).append(float(np.mean([r.density for r in ctl.records])))
@@ -225,7 +243,15 @@ def run(cfg: Any, ctx: Any) -> Any:
     for name, q in quality.items():
         for metric, vals in q.items():
             unit = "nats" if metric in ("nll", "kl_to_dense") else ""
-            ctx.record(name, metric, vals, unit=unit)
+            clusters = window_of[name].get(metric)
+            ctx.record(
+                name,
+                metric,
+                vals,
+                unit=unit,
+                clusters=clusters,
+                note="per position, clustered by prompt" if clusters else "",
+            )
     dense_acc = float(np.mean(quality["dense"]["retrieval_accuracy"]))
     retrieval_valid = dense_acc >= 0.5
     ctx.flag("retrieval_gate", {"dense_accuracy": dense_acc, "valid": retrieval_valid})
@@ -236,6 +262,9 @@ def run(cfg: Any, ctx: Any) -> Any:
         )
 
     ctx.record_value("quality", "wall_s", time.perf_counter() - t0, unit="s", note="all systems, all examples")
+
+    # 4 (run before the speed runs, which stop early when the budget is spent). mixed modality --------------------
+    mm_claims = mixed_modality(cfg, ctx, model, tok, ctl_kw)
 
     # 3. speed: per layer (shadow mode) and end to end, at each bench length ---------------------------------
     layers = _spread(n_layers, cfg.timing_layers)
@@ -370,13 +399,16 @@ def run(cfg: Any, ctx: Any) -> Any:
     )
 
     claims = [
+        # a non-inferiority check holds when MMInference equals dense, so it is reported, never gated
         Claim(
             "nll",
             "mminference",
             "dense",
             "<",
             min_effect=-cfg.max_delta_nll,
-            text=f"MMInference prefill: NLL within {cfg.max_delta_nll} nats/token of dense (held-out prompts)",
+            gate=False,
+            text=f"MMInference prefill: NLL within {cfg.max_delta_nll} nats/token of dense (held-out prompts, "
+            "reported)",
         ),
         Claim(
             "grid_head",
@@ -418,8 +450,9 @@ def run(cfg: Any, ctx: Any) -> Any:
                 "mminference",
                 b,
                 "<",
-                gate=False,
-                text=f"searched patterns closer to dense than static {b} (KL, reported)",
+                gate=b == "a_shape",
+                text=f"searched patterns closer to dense than static {b} (KL per position, clustered by prompt)"
+                + ("" if b == "a_shape" else " (reported)"),
             )
         )
     claims.append(
@@ -433,7 +466,7 @@ def run(cfg: Any, ctx: Any) -> Any:
             text="retrieval accuracy within 10 points of dense (reported; gated on dense accuracy)",
         )
     )
-    return ctx.finish(claims)
+    return ctx.finish(claims + mm_claims)
 
 
 def _prefill_and_answer(
@@ -458,3 +491,283 @@ def _linear_flops_per_token(model: Any) -> float:
     """2 x (q, k, v, o, MLP weights) of one decoder layer: the non-attention prefill FLOPs per token per layer."""
     layer = model.model.layers[0]
     return 2.0 * sum(p.numel() for name, p in layer.named_parameters() if p.dim() == 2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. mixed modality: MMInference's permutation and boundary patterns on prose / picture / prose prompts
+
+
+def glyph_ids(tok: Any, example: Any) -> tuple[torch.Tensor, ModalityLayout]:
+    """(1, n) token ids of a `glyphs` prompt, tokenized piece by piece, and its modality layout.
+
+    Prose pieces (and BOS) are text; each picture row is tokenized on its own, so every row of every picture has
+    the same token count (checked) and the picture is a token grid of that stride (the layout's ``stride``).
+    """
+    ids = [tok.bos_token_id] if tok.bos_token_id is not None else []
+    pieces: list[tuple[str, int]] = [("text", len(ids))] if ids else []
+    stride = None
+    for seg in example.meta["segments"]:
+        if seg["modality"] == "text":
+            t = tok(seg["text"], add_special_tokens=False)["input_ids"]
+            ids += t
+            if t:
+                pieces.append(("text", len(t)))
+            continue
+        rows = [tok(r, add_special_tokens=False)["input_ids"] for r in seg["row_texts"]]
+        if len({len(r) for r in rows}) != 1:
+            rows = _pixelwise_rows(tok, seg["row_texts"])  # BPE merged some pixels: one fixed id run per pixel
+        lengths = sorted({len(r) for r in rows} | ({stride} if stride else set()))
+        if len(lengths) != 1:
+            raise ValueError(f"picture rows of {example.id} tokenize to {lengths} tokens: no single row stride")
+        stride = lengths[0]
+        ids += [t for r in rows for t in r]
+        pieces.append(("vision", stride * len(rows)))
+    return torch.tensor([ids]), ModalityLayout.from_pieces(pieces, stride)
+
+
+def _pixelwise_rows(tok: Any, row_texts: list[str]) -> list[list[int]]:
+    """Rows as concatenated per-pixel token runs (first pixel, spaced pixels, newline), when those have equal sizes."""
+    unit = {u: tok(u, add_special_tokens=False)["input_ids"] for u in ("#", ".", " #", " .", "\n")}
+    if len(unit["#"]) != len(unit["."]) or len(unit[" #"]) != len(unit[" ."]):
+        raise ValueError(f"ink and paper pixels tokenize to different lengths ({unit}): no fixed picture row stride")
+    out = []
+    for text in row_texts:
+        pixels = text.rstrip("\n").split(" ")
+        out.append([*unit[pixels[0]], *[t for p in pixels[1:] for t in unit[" " + p]], *unit["\n"]])
+    return out
+
+
+def _mm_forward(model: Any, ids: torch.Tensor, ctl: MMInferenceController, keep: int) -> torch.Tensor:
+    with torch.no_grad(), use_controller(model, ctl):
+        return model(ids, logits_to_keep=keep, use_cache=False).logits[0]
+
+
+def mixed_modality(cfg: Any, ctx: Any, model: Any, tok: Any, ctl_kw: dict[str, Any]) -> list[Claim]:
+    """Dense vs MInference VS (no permutation) vs MMInference (searched permuted kinds), at one per-row budget."""
+    mc = model.config
+    n_layers, hq = mc.num_hidden_layers, mc.num_attention_heads
+    group = hq // mc.num_key_value_heads
+    v_size, s_size = cfg.mm_vs
+    est_kw = {"last_q": cfg.last_q, "forced_columns": cfg.forced_columns, "forced_diagonals": cfg.forced_diagonals}
+    shape = {
+        "n_images": cfg.mm_images,
+        "chars": cfg.mm_chars,
+        "scale": cfg.mm_scale,
+        "prose_chars": cfg.mm_prose_chars,
+    }
+
+    # offline search on one calibration prompt (train split), as the official mix-modality search
+    t0 = time.perf_counter()
+    calib = ctx.data("glyphs", 1, split="train", **shape)[0]
+    ids, layout = glyph_ids(tok, calib)
+    cap = MMInferenceController(mode="capture", **ctl_kw)
+    _mm_forward(model, ids, cap, 1)
+    space = mm_search_space(v_size, s_size, grid=layout.stride is not None)
+    best, recs = search_mm_patterns(
+        {layer: (q, k) for layer, (q, k, _) in cap.captured.items()},
+        layout,
+        space,
+        minimal_delta=cfg.minimal_delta,
+        **est_kw,
+    )
+    ctx.record_value("mm_search", "wall_s", time.perf_counter() - t0, unit="s", note="capture + search")
+    ctx.flag(
+        "mm_layout_calibration", {"n": layout.n, "stride": layout.stride, "spans": [list(x) for x in layout.spans]}
+    )
+    ctx.flag("mm_patterns", {str(la): {str(h): p for h, p in heads.items()} for la, heads in best.items()})
+    chosen = [best[la][h][0] for la in sorted(best) for h in sorted(best[la])]
+    ctx.table("mm_patterns", [{"kind": k, "heads": chosen.count(k)} for k in dict.fromkeys(c[0] for c in space)])
+    for cand in space:
+        key = "_".join(map(str, cand))
+        ctx.record(
+            f"calib/{cand[0]}",
+            "mm_calib_recall",
+            [recs[la][h][key] for la in sorted(recs) for h in sorted(recs[la])],
+            note="token-level recall per head on the calibration prompt",
+        )
+
+    every = {
+        kind: {la: {h: [kind, v_size, s_size] for h in range(hq)} for la in range(n_layers)} for kind, *_ in space
+    }
+    systems: dict[str, dict | None] = {"dense": None, "minference_vs": every["vs_attn"], "mminference": best}
+    recall_systems = {"minference_vs": every["vs_attn"], "mminference": best}
+    recall_systems.update({k: every[k] for k in ("q_boundary", "2d_boundary", "vision_grid") if k in every})
+    recall_layers = _spread(n_layers, cfg.mm_recall_layers)
+    ctx.flag("mm_recall_layers", recall_layers)
+
+    # held-out windows (test split)
+    t0 = time.perf_counter()
+    held = ctx.data("glyphs", cfg.n_mm, split="test", **shape)
+    vals: dict[tuple[str, str], list[float]] = {}
+    clus: dict[tuple[str, str], list[str]] = {}
+
+    def add(system: str, metric: str, values: list[float], window: str) -> None:
+        vals.setdefault((system, metric), []).extend(values)
+        clus.setdefault((system, metric), []).extend([window] * len(values))
+
+    speed_rows: list[dict[str, Any]] = []
+    for w, ex in enumerate(ctx.progress(held, "mixed modality")):
+        ids, lay = glyph_ids(tok, ex)
+        n = lay.n
+        s0 = [a for a, _, m in lay.spans if m == "vision"][-1]  # score the last picture and the prose after it
+        keep = n - s0 + 1
+        targets = ids[0, s0:]
+        modality = lay.labels()[s0:]
+        ref = None
+        for name, pats in systems.items():
+            if pats is None:
+                ctl = MMInferenceController(mode="capture", **ctl_kw)
+            else:
+                ctl = MMInferenceController(patterns=pats, mode="sparse", layout=lay, **ctl_kw)
+            logp = torch.log_softmax(_mm_forward(model, ids, ctl, keep).float(), -1)[:-1]  # predicts s0 .. n-1
+            nll = -logp.gather(1, targets[:, None])[:, 0]
+            ref = logp if ref is None else ref
+            if pats is None:
+                captured = ctl.captured
+            add(name, "mm_nll", nll.tolist(), ex.id)
+            for mod in ("vision", "text"):
+                sel = modality == MODALITIES.index(mod)
+                add(name, f"mm_nll_{mod}", nll[sel].tolist(), ex.id)
+            add(name, "mm_kl_to_dense", (ref.exp() * (ref - logp)).sum(-1).clamp(min=0).tolist(), ex.id)
+            add(name, "mm_top1_agreement", (ref.argmax(-1) == logp.argmax(-1)).float().tolist(), ex.id)
+            if pats is not None:
+                add(name, "mm_density", [float(np.mean([r.density for r in ctl.records]))], ex.id)
+        # held-out attention recall of the index each system actually runs (block-expanded, exact causal mask)
+        for layer in recall_layers:
+            q, k, _ = captured[layer]
+            maps = [causal_attention_probs(q[h], k[h // group]) for h in range(hq)]
+            for name, pats in recall_systems.items():
+                index = build_layer_index(q, k, pats[layer], block_size=cfg.block_size, layout=lay, **est_kw)
+                by_head = {int(h): g for g in index.groups for h in g.heads}
+                rec, pure = [], []
+                for h in range(hq):
+                    g = by_head.get(h)  # None: a dense head (recall 1, no blocks to straddle anything)
+                    rec.append(group_recall(maps[h], g, n, cfg.block_size) if g is not None else 1.0)
+                    pure.append(block_purity(g, lay, cfg.block_size) if g is not None else 1.0)
+                add(name, "mm_recall", rec, ex.id)
+                add(name, "mm_block_purity", pure, ex.id)
+        if w == 0:  # per-layer kernel speed on the first window's real q, k, v (one middle layer)
+            speed_rows = _mm_speed(cfg, ctx, captured, recall_layers, systems, lay, est_kw)
+    ctx.record_value("mm_quality", "wall_s", time.perf_counter() - t0, unit="s", note="all systems, all windows")
+    for (system, metric), values in vals.items():
+        unit = "nats" if "nll" in metric or "kl" in metric else ""
+        ctx.record(system, metric, values, clusters=clus[(system, metric)], unit=unit, note="clustered by window")
+    ctx.table("mm_speed", speed_rows)
+    rows = []
+    for name in [*systems, *[s for s in recall_systems if s not in systems]]:
+        row: dict[str, Any] = {"system": name}
+        for metric in ("mm_nll", "mm_nll_vision", "mm_nll_text", "mm_kl_to_dense", "mm_recall", "mm_density"):
+            if (name, metric) in vals:
+                row[metric] = round(float(np.mean(vals[(name, metric)])), 4)
+        rows.append(row)
+    ctx.table("mm_quality", rows)
+    ctx.note(
+        f"Mixed modality: {cfg.n_mm} held-out glyphs prompts (prose / picture / prose, {cfg.mm_images} pictures of "
+        f"{cfg.mm_chars} symbols at scale {cfg.mm_scale}); every sparse system keeps the same per-row budget "
+        f"(v, s) = ({v_size}, {s_size}); NLL over the last picture and the prose after it; recall of the index "
+        f"each system runs (block-expanded) on layers {recall_layers}, per (window, layer, head); CIs resample "
+        "windows (clusters)."
+    )
+    text_budget = f"at the same per-row budget ({v_size} verticals + {s_size} slashes)"
+    claims = [
+        Claim(
+            "mm_recall",
+            "mminference",
+            "minference_vs",
+            ">",
+            text=f"MMInference (modality-aware permutation, Q-/2D-boundary, grid) keeps more attention mass than "
+            f"MInference VS without permutation {text_budget} (held-out picture prompts)",
+        ),
+        Claim(
+            "mm_nll",
+            "mminference",
+            "minference_vs",
+            "<",
+            text=f"MMInference lower held-out NLL than VS without permutation {text_budget} (picture prompts)",
+        ),
+        Claim(
+            "mm_nll",
+            "mminference",
+            "dense",
+            "<",
+            min_effect=-cfg.max_delta_nll,
+            gate=False,
+            text=f"MMInference NLL within {cfg.max_delta_nll} nats/token of dense on picture prompts (reported)",
+        ),
+        Claim(
+            "mm_block_purity",
+            "q_boundary",
+            "minference_vs",
+            ">",
+            mechanism=True,
+            text="Q-boundary query blocks hold one modality each (the permutation's construction), VS blocks straddle "
+            "modality boundaries",
+        ),
+    ]
+    if speed_rows:
+        claims += [
+            Claim(
+                "mm_attn_s",
+                "mminference",
+                "minference_vs",
+                "<",
+                gate=False,
+                text="MMInference per-layer attention (index included) faster than VS without permutation (reported)",
+            ),
+            Claim(
+                "mm_attn_s",
+                "mminference",
+                "sdpa",
+                "<",
+                gate=False,
+                text="MMInference per-layer attention (index included) faster than SDPA on picture prompts (reported)",
+            ),
+        ]
+    return claims
+
+
+def _mm_speed(
+    cfg: Any,
+    ctx: Any,
+    captured: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    layers: list[int],
+    systems: dict[str, dict | None],
+    layout: ModalityLayout,
+    est_kw: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """SDPA vs each sparse system (online index + kernel) on one layer's real q, k, v: same process, interleaved."""
+    layer = layers[len(layers) // 2]
+    q, k, v = (t[None] for t in captured[layer])  # (1, h, n, d)
+    fns: dict[str, Any] = {
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+    }
+    dens: dict[str, float] = {}
+    index_ms: dict[str, float] = {}
+    for name, pats in systems.items():
+        if pats is None:
+            continue
+
+        def run_sparse(pats: dict = pats) -> Any:
+            return sparse_prefill(q, k, v, pats[layer], block_size=cfg.block_size, layout=layout, **est_kw)
+
+        _, index = run_sparse()
+        dens[name], index_ms[name] = float(index.density.mean()), index.index_s * 1e3
+        fns[name] = run_sparse
+    report = compare_timings(fns, repeats=cfg.mm_timing_repeats, warmup=cfg.timing_warmup, threads=cfg.timing_threads)
+    ctx.flag("mm_contended", report.contended)
+    rows = []
+    for name in fns:
+        ctx.record(name, "mm_attn_s", report.times[name], unit="s", note=f"layer {layer}, per round, interleaved")
+        row: dict[str, Any] = {"system": name, "layer": layer, "n": layout.n}
+        row["median_ms"] = round(report.stats[name].median * 1e3, 2)
+        if name != "sdpa":
+            rho = dens[name]
+            row.update(
+                speedup_vs_sdpa=round(report.speedup(name), 3),
+                density=round(rho, 4),
+                ideal_1_over_rho=round(1 / max(rho, 1e-9), 2),
+                pct_of_ideal=round(100 * report.speedup(name) * rho, 1),
+                index_ms=round(index_ms[name], 1),
+            )
+        rows.append(row)
+    return rows

@@ -41,7 +41,9 @@ import torch.nn.functional as F
 
 Pattern = tuple  # ("a_shape", n_init, n_local) | ("vs_attn", v, s) | ("grid_attn", stride, h, v, n_local, shift) | ...
 
-PATTERN_KINDS = ("a_shape", "vs_attn", "grid_attn", "dense")
+# MMInference's mixed-modality kinds (`modality`): each is ``(kind, v, s)`` and needs the input's modality layout
+MM_KINDS = ("q_boundary", "2d_boundary", "vision_grid")
+PATTERN_KINDS = ("a_shape", "vs_attn", "grid_attn", "dense", *MM_KINDS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -126,6 +128,8 @@ def pattern_sets(
         return PatternSets(diags.sort().values, cols.sort().values, empty)
     if kind == "dense":
         return PatternSets(_arange(0, n), empty, empty)
+    if kind in MM_KINDS:
+        raise ValueError(f"{kind!r} has one (S, V) set per modality: use modality.mm_estimate / mm_token_mask")
     raise ValueError(f"unknown pattern kind {kind!r}; expected one of {', '.join(PATTERN_KINDS)}")
 
 
@@ -389,6 +393,52 @@ def search_patterns(
 # online index: block coverage, and the block-sparse kernel
 
 
+def range_coverage(
+    diags: torch.Tensor,
+    cols: torch.Tensor,
+    c0: torch.Tensor,
+    c1: torch.Tensor,
+    n: int,
+    *,
+    key_pos: torch.Tensor | None = None,
+    row_max: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Keys each query block covers, in key coordinates: the block-expanded union of slashes and verticals.
+
+    Block b holds the query rows whose key coordinates are the contiguous range [c0_b, c1_b) (their own positions
+    in the key order; the identity order for unpermuted heads). A slash at (key-coordinate) distance d covers keys
+    [c0 - d, c1 - 1 - d] (MInference's ``block_offset``), a vertical j every block; distance 0 (each row's own key)
+    is always covered. Distances may be negative in a permuted key order. Finally keys no row of the block can see
+    are dropped: original position ``key_pos[j]`` (identity if None) above ``row_max[b]`` (the block's last row if
+    None, i.e. c1 - 1 in the identity order).
+
+    Args:
+        diags (`torch.Tensor`): kept distances, int64 in [-(n - 1), n - 1]. cols (`torch.Tensor`): kept key coords.
+        c0, c1 (`torch.Tensor`): (n_blocks,) first and one-past-last key coordinate of each block's rows.
+
+    Returns:
+        `torch.Tensor`: (n_blocks, n) bool over key coordinates.
+    """
+    o = n - 1  # distance d sits at index d + o
+    j = torch.arange(n)
+    in_s = torch.zeros(2 * n - 1, dtype=torch.int32)
+    d = diags[(diags > -n) & (diags < n)]
+    in_s[d + o] = 1
+    in_s[o] = 1  # the diagonal
+    cum = torch.zeros(2 * n, dtype=torch.int32)
+    cum[1:] = in_s.cumsum(0)
+    # block b covers key j iff some kept distance lies in [c0 - j, c1 - 1 - j]
+    lo = (c0[:, None] - j[None, :] + o).clamp(0, 2 * n - 1)
+    hi = (c1[:, None] - j[None, :] + o).clamp(0, 2 * n - 1)  # exclusive
+    cov = (cum[hi] - cum[lo]) > 0
+    if len(cols):
+        cov[:, cols] = True
+    row_max = c1 - 1 if row_max is None else row_max
+    pos = j if key_pos is None else key_pos
+    cov &= pos[None, :] <= row_max[:, None]
+    return cov
+
+
 def block_coverage(sets: PatternSets, n: int, block_size: int) -> torch.Tensor:
     """Keys each query block attends: ``cov[b, j]`` = some row i of block b has (i, j) in the token mask, and j <= i.
 
@@ -400,30 +450,27 @@ def block_coverage(sets: PatternSets, n: int, block_size: int) -> torch.Tensor:
     """
     starts = torch.arange(0, n, block_size)
     ends = (starts + block_size).clamp(max=n)
-    j = torch.arange(n)
-    # cum[x] = number of kept distances < x; block b covers key j iff some distance lies in [r0 - j, r1 - 1 - j]
-    in_s = torch.zeros(n + 1, dtype=torch.int32)
-    in_s[sets.diags[sets.diags < n]] = 1
-    in_s[0] = 1  # the diagonal
-    cum = torch.zeros(n + 2, dtype=torch.int32)
-    cum[1:] = in_s.cumsum(0)
-    lo = (starts[:, None] - j[None, :]).clamp(0, n)
-    hi = (ends[:, None] - j[None, :]).clamp(0, n)  # exclusive
-    cov = (cum[hi] - cum[lo]) > 0
-    if len(sets.cols):
-        cov[:, sets.cols] = True
-    cov &= j[None, :] <= (ends - 1)[:, None]
-    return cov
+    return range_coverage(sets.diags, sets.cols, starts, ends, n)
 
 
 @dataclass
 class HeadGroup:
-    """Query heads that share one block index (all heads of one static pattern, or one VS head)."""
+    """Query heads that share one block index (all heads of one static pattern, or one VS / MMInference head).
+
+    Unpermuted groups (``qperm`` None) use query blocks of ``block_size`` rows. Permuted groups (MMInference's
+    modality-aware and grid permutations, `modality`) run on the query rows reordered by ``qperm`` (row r of the
+    permuted block space is original position ``qperm[r]``), in blocks ``[starts[b], starts[b + 1])``, and list
+    their keys in the key order ``kperm`` (key coordinate j is original position ``kperm[j]``); the kernel un-permutes
+    the output at the end.
+    """
 
     heads: torch.Tensor  # (g,) query heads
-    keys: torch.Tensor  # (n_blocks, m_max) key positions per query block, ascending, padded with n
+    keys: torch.Tensor  # (n_blocks, m_max) key coordinates per query block, ascending, padded with n
     counts: torch.Tensor  # (n_blocks,) real keys per block
-    rows: torch.Tensor  # (|R|,) dense rows (grid horizontal lines), possibly empty
+    rows: torch.Tensor  # (|R|,) dense rows (grid horizontal lines, original positions), possibly empty
+    qperm: torch.Tensor | None = None  # (n,) query order, a permutation of range(n); None = identity
+    kperm: torch.Tensor | None = None  # (n,) key order; None = identity
+    starts: torch.Tensor | None = None  # (n_blocks + 1,) block bounds in the permuted row order; None = uniform
 
 
 @dataclass
@@ -451,6 +498,35 @@ def block_keys(cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return keys, counts
 
 
+def block_bounds(group: HeadGroup, n: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts, ends) of the group's query blocks in its (permuted) row order."""
+    if group.starts is not None:
+        return group.starts[:-1], group.starts[1:]
+    starts = torch.arange(0, n, block_size)
+    return starts, (starts + block_size).clamp(max=n)
+
+
+def effective_mask(group: HeadGroup, n: int, block_size: int) -> torch.Tensor:
+    """The (n, n) token-level mask (original positions) the kernel computes for one head of `group`.
+
+    Each block's rows see each of the block's keys at or before them (exact causal mask); dense rows see every
+    key at or before them. This is the pattern expanded to block granularity, as the kernel runs it.
+    """
+    starts, ends = block_bounds(group, n, block_size)
+    qperm = torch.arange(n) if group.qperm is None else group.qperm
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for b in range(len(starts)):
+        r0, r1, m = int(starts[b]), int(ends[b]), int(group.counts[b])
+        keys = group.keys[b, :m]
+        pos = keys if group.kperm is None else group.kperm[keys]
+        mask[qperm[r0:r1, None], pos[None, :]] = True
+    i = torch.arange(n)
+    mask &= i[None, :] <= i[:, None]
+    if len(group.rows):
+        mask[group.rows] = i[None, :] <= group.rows[:, None]
+    return mask
+
+
 def build_layer_index(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -461,16 +537,20 @@ def build_layer_index(
     scale: float | None = None,
     forced_columns: int = 30,
     forced_diagonals: int = 100,
+    layout: Any = None,
 ) -> LayerIndex:
     """Build one layer's index for one input: VS estimation (batched over VS heads), then block coverage.
 
     Heads with the same static pattern (A-shape, grid) share one index and run as one batch; each VS head has its
-    own (its columns and slashes depend on its queries), so no head pays for another head's keys.
+    own (its columns and slashes depend on its queries), so no head pays for another head's keys. MMInference's
+    mixed-modality kinds (``q_boundary``, ``2d_boundary``, ``vision_grid``) need the input's `layout`
+    (`modality.ModalityLayout`) and are built by `modality.mm_head_groups`, one permuted group per head.
 
     Args:
         q (`torch.Tensor`): (h_q, n, d) post-RoPE queries. k (`torch.Tensor`): (h_kv, n, d) post-RoPE keys.
         patterns: head -> pattern (``[kind, *args]``; a trailing recall from the JSON layout is ignored). Heads
             missing from `patterns` are dense.
+        layout (`modality.ModalityLayout`, *optional*): modality spans of this input (mixed-modality kinds only).
     """
     t0 = time.perf_counter()
     hq, n, d = q.shape
@@ -497,15 +577,33 @@ def build_layer_index(
             vs_idx[h] = (cols[i], diags[i])
     static: dict[tuple, list[int]] = {}
     groups: list[HeadGroup] = []
+    mm_pats = {h: p for h, p in pats.items() if p[0] in MM_KINDS}
     for h in range(hq):
         if pats[h][0] == "vs_attn":
             cov = block_coverage(pattern_sets(pats[h], n, vs_indices=vs_idx[h]), n, block_size)
             groups.append(HeadGroup(torch.tensor([h]), *block_keys(cov), torch.zeros(0, dtype=torch.long)))
-        elif pats[h][0] != "dense":
+        elif pats[h][0] not in ("dense", *MM_KINDS):
             static.setdefault(pats[h], []).append(h)
     for pat, heads in static.items():
         sets = pattern_sets(pat, n)
         groups.append(HeadGroup(torch.tensor(heads), *block_keys(block_coverage(sets, n, block_size)), sets.rows))
+    if mm_pats:
+        if layout is None:
+            kinds = sorted({p[0] for p in mm_pats.values()})
+            raise ValueError(f"patterns {', '.join(kinds)} need the input's modality layout (layout=...)")
+        from lmlab.methods.efficiency.mminference.modality import mm_head_groups
+
+        groups += mm_head_groups(
+            q,
+            k,
+            mm_pats,
+            layout,
+            block_size=block_size,
+            last_q=last_q,
+            scale=scale,
+            forced_columns=forced_columns,
+            forced_diagonals=forced_diagonals,
+        )
     dense = [h for h in range(hq) if pats[h][0] == "dense"]
     index = LayerIndex(n, block_size, torch.tensor(dense, dtype=torch.long), groups)
     index.index_s = time.perf_counter() - t0
@@ -515,7 +613,7 @@ def build_layer_index(
 
 def _strip_recall(p: Sequence[Any]) -> tuple:
     p = tuple(p)
-    arity = {"a_shape": 3, "vs_attn": 3, "grid_attn": 6, "dense": 1}.get(p[0])
+    arity = {"a_shape": 3, "vs_attn": 3, "grid_attn": 6, "dense": 1, **dict.fromkeys(MM_KINDS, 3)}.get(p[0])
     if arity is None:
         raise ValueError(f"unknown pattern kind {p[0]!r}; expected one of {', '.join(PATTERN_KINDS)}")
     return p[:arity]
@@ -524,7 +622,8 @@ def _strip_recall(p: Sequence[Any]) -> tuple:
 def _density(index: LayerIndex, hq: int) -> tuple[torch.Tensor, float]:
     """Kept causal (i, j) pairs per head over n(n+1)/2, and computed score entries over the dense causal count.
 
-    A kept key j of block [r0, r1) is seen by the r1 - max(j, r0) rows at or after it (pads, = n, by none).
+    A kept key j of block [r0, r1) is seen by the r1 - max(j, r0) rows at or after it (pads, = n, by none). In a
+    permuted group a kept key is seen by the block's rows whose original position is at or after the key's.
     """
     n, bs = index.n, index.block_size
     total = n * (n + 1) / 2
@@ -533,14 +632,26 @@ def _density(index: LayerIndex, hq: int) -> tuple[torch.Tensor, float]:
     starts = torch.arange(0, n, bs)
     ends = (starts + bs).clamp(max=n)
     for g in index.groups:
-        seen = (ends[:, None] - torch.maximum(g.keys, starts[:, None])).clamp(min=0)
-        kept = float(seen.sum())
+        if g.starts is None and g.qperm is None and g.kperm is None:
+            seen = (ends[:, None] - torch.maximum(g.keys, starts[:, None])).clamp(min=0)
+            kept = float(seen.sum())
+            work += float((g.counts * (ends - starts)).sum()) * len(g.heads)
+        else:
+            kept = 0.0
+            g_starts, g_ends = block_bounds(g, n, bs)
+            qperm = torch.arange(n) if g.qperm is None else g.qperm
+            for b in range(len(g_starts)):
+                r0, r1, m = int(g_starts[b]), int(g_ends[b]), int(g.counts[b])
+                keys = g.keys[b, :m]
+                pos = keys if g.kperm is None else g.kperm[keys]
+                rows = qperm[r0:r1].sort().values
+                kept += float((r1 - r0) * m - torch.searchsorted(rows, pos).sum())  # rows >= each key
+            work += float((g.counts * (g_ends - g_starts)).sum()) * len(g.heads)
         if len(g.rows):
             inside = (g.keys[g.rows // bs] <= g.rows[:, None]).sum(-1)  # keys row r already keeps in its block
             kept += float((g.rows + 1 - inside).sum())
             work += float(len(g.rows)) * n * len(g.heads)
         dens[g.heads] = kept / total
-        work += float((g.counts * (ends - starts)).sum()) * len(g.heads)
     return dens, work / (hq * total)
 
 
@@ -557,6 +668,11 @@ def sparse_attention(
     Per head group and query block: gather the block's keys (contiguous ranges and columns alike) with one
     ``index_select``, then ``softmax(q_blk K^T + causal/pad mask) V`` batched over the group's heads. Dense heads
     use ``F.scaled_dot_product_attention`` (causal); grid horizontal lines are recomputed as dense rows.
+
+    Permuted groups (MMInference): queries are gathered into the permuted order once (``q[:, qperm]``), each block's
+    keys are read at their original positions ``kperm[keys]`` (the rows a permuted, contiguous key block holds; CPU
+    gathers need no materialised permuted K), the causal mask compares original positions, and the output is
+    un-permuted at the end (``out[:, qperm] = out_permuted``).
 
     Args:
         q (`torch.Tensor`): (h_q, n, d). k, v (`torch.Tensor`): (h_kv, n, d).
@@ -580,26 +696,40 @@ def sparse_attention(
         hs = g.heads
         kv_off = (hs // group) * n  # (g,)
         qs = q[hs] * scale  # (g, n, d)
+        qpos = torch.arange(n)
+        if g.qperm is not None:
+            qs = qs[:, g.qperm]  # (g, n, d) rows in the permuted order
+            qpos = g.qperm
         og = torch.empty_like(qs)
-        for b in range(g.keys.shape[0]):
-            r0, r1 = b * bs, min(n, (b + 1) * bs)
+        starts, ends = block_bounds(g, n, bs)
+        for b in range(len(starts)):
+            r0, r1 = int(starts[b]), int(ends[b])
             m = int(g.counts[b])
-            pos = g.keys[b, :m]  # (m,) ascending
+            pos = g.keys[b, :m]  # (m,) ascending key coordinates
+            if g.kperm is not None:
+                pos = g.kperm[pos]  # original positions
             flat = (pos[None, :] + kv_off[:, None]).reshape(-1)
             kb = k_flat.index_select(0, flat).view(len(hs), m, d)
             vb = v_flat.index_select(0, flat).view(len(hs), m, d)
             scores = torch.bmm(qs[:, r0:r1], kb.transpose(1, 2))  # (g, rows, m)
-            # only keys at or after r0 (the diagonal block and verticals inside it) can need the causal mask
-            t = int(torch.searchsorted(pos, r0))
-            if t < m:
-                qpos = torch.arange(r0, r1)
-                scores[:, :, t:].masked_fill_(pos[None, None, t:] > qpos[None, :, None], float("-inf"))
+            rows = qpos[r0:r1]
+            if g.kperm is None:
+                # keys ascending and rows contiguous: only keys at or after the first row can need the causal mask
+                t = int(torch.searchsorted(pos, rows[0]))
+                if t < m:
+                    scores[:, :, t:].masked_fill_(pos[None, None, t:] > rows[None, :, None], float("-inf"))
+            else:
+                scores.masked_fill_(pos[None, None, :] > rows[None, :, None], float("-inf"))
             og[:, r0:r1] = torch.bmm(torch.softmax(scores, dim=-1), vb)
+        if g.qperm is not None:
+            unperm = torch.empty_like(og)
+            unperm[:, g.qperm] = og  # back to original row order
+            og = unperm
         if len(g.rows):
             r = g.rows
             last = int(r.max()) + 1
             for i, h in enumerate(hs.tolist()):
-                s = qs[i, r] @ k[h // group, :last].T  # (|R|, last)
+                s = (q[h, r] * scale) @ k[h // group, :last].T  # (|R|, last)
                 s.masked_fill_(torch.arange(last)[None, :] > r[:, None], float("-inf"))
                 og[i, r] = torch.softmax(s, dim=-1) @ v[h // group, :last]
         out[hs] = og
@@ -617,8 +747,11 @@ def sparse_prefill(
     scale: float | None = None,
     forced_columns: int = 30,
     forced_diagonals: int = 100,
+    layout: Any = None,
 ) -> tuple[torch.Tensor, LayerIndex]:
     """Online index build + block-sparse attention for a batch: q (b, h_q, n, d), k/v (b, h_kv, n, d).
+
+    `layout` (`modality.ModalityLayout`) is the modality layout of the input, needed by mixed-modality patterns.
 
     Returns:
         ``(out, index)``: out (b, h_q, n, d); the index of the last sequence (its ``index_s`` summed over the batch).
@@ -636,6 +769,7 @@ def sparse_prefill(
             scale=scale,
             forced_columns=forced_columns,
             forced_diagonals=forced_diagonals,
+            layout=layout,
         )
         index_s += index.index_s
         outs.append(sparse_attention(q[i], k[i], v[i], index, scale=scale))
@@ -660,18 +794,23 @@ def attention_flop_share(n: int, *, n_heads: int, head_dim: int, linear_flops_pe
 
 
 __all__ = [
+    "MM_KINDS",
+    "PATTERN_KINDS",
     "HeadGroup",
     "LayerIndex",
     "block_keys",
     "PatternSets",
     "amdahl_bound",
     "attention_flop_share",
+    "block_bounds",
     "block_coverage",
     "build_layer_index",
     "causal_attention_probs",
     "default_search_space",
     "diagonal_sums",
+    "effective_mask",
     "pattern_sets",
+    "range_coverage",
     "recall",
     "search_head",
     "search_patterns",
