@@ -13,7 +13,7 @@ from lmlab.cli import build_parser, main
 from lmlab.registry import list_methods
 
 SUBCOMMANDS = [["list"], ["info"], ["run"], ["reproduce"], ["models"], ["data"], ["data", "list"], ["data", "show"],
-               ["env"]]  # fmt: skip
+               ["env"], ["serve"], ["bench", "serve"], ["bench", "decode"]]  # fmt: skip
 
 
 @pytest.mark.parametrize("argv", [[], *SUBCOMMANDS], ids=lambda a: " ".join(a) or "lmlab")

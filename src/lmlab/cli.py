@@ -8,6 +8,8 @@
     lmlab reproduce [ID ... | --only ID ... | --area AREA | --all] [--quick] [--strict] [--resume] [--out DIR]
     lmlab models [--check] [--json]
     lmlab data list | lmlab data show SUITE [--n 5] [--seed 0] [--split test]
+    lmlab serve [--model M] [--engine fast|fast-int4|hf] [--host H] [--port N] [--max-batch N]
+                [--max-context N] [--served-name NAME] [--strategy JSON] [--threads N]
     lmlab env
 
 Exit codes: 0 a completed run (whatever the claim status), 2 bad arguments, 1 errors or `--strict` failures.
@@ -261,6 +263,39 @@ def _parse_kv(pair: str) -> tuple[str, Any]:
     return k, parse_value(v)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    strategy = None
+    if args.strategy is not None:
+        try:
+            strategy = json.loads(args.strategy)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--strategy must be a JSON object like '{{\"strategy\": \"beam_search\"}}', got "
+                             f"{args.strategy!r} ({e.msg})") from None  # fmt: skip
+        if not isinstance(strategy, dict):
+            raise UsageError(f"--strategy must be a JSON object, got {args.strategy!r}")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_batch < 1:
+        raise UsageError(f"--max-batch must be >= 1, got {args.max_batch}")
+    from lmlab.runner import quiet_transformers
+    from lmlab.serve.app import serve
+
+    with quiet_transformers():
+        serve(
+            args.model,
+            engine=args.engine,
+            host=args.host,
+            port=args.port,
+            max_batch=args.max_batch,
+            max_context=args.max_context,
+            strategy=strategy,
+            served_name=args.served_name,
+            threads=args.threads,
+            log_level="warning" if args.quiet else "info",
+        )
+    return EXIT_OK
+
+
 def cmd_env(args: argparse.Namespace) -> int:
     from lmlab.core.envinfo import format_env
 
@@ -383,19 +418,97 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-v", "--verbose", action="count", default=0)
     b.add_argument("-q", "--quiet", action="store_true")
     b.set_defaults(func=cmd_bench)
+    b = bsub.add_parser("serve", help="lmlab serve (and llama.cpp's server) at 1 / 4 / 8 concurrent clients")
+    b.add_argument("--model", default="smollm2-135m")
+    b.add_argument("--engine", default="fast-int4", choices=("fast", "fast-int4", "hf"))
+    b.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8], metavar="N")
+    b.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
+    b.add_argument("--max-tokens", dest="max_tokens", type=int, default=32)
+    b.add_argument("--max-seconds", dest="max_seconds", type=float, default=120.0,
+                   help="no new request starts after this long in a level")  # fmt: skip
+    b.add_argument("--threads", type=int, help="torch threads of the servers")
+    b.add_argument("--no-llamacpp", dest="llamacpp", action="store_false")
+    b.add_argument("--out", help="output folder (results.json, report.md, server logs; "
+                                 "default runs/bench/<time>_serve_<model>)")  # fmt: skip
+    b.add_argument("-v", "--verbose", action="count", default=0)
+    b.add_argument("-q", "--quiet", action="store_true")
+    b.set_defaults(func=cmd_bench_serve)
 
     from lmlab.prune import add_parser as add_prune_parser
 
     add_prune_parser(sub)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
+    p.add_argument(
+        "--model", default="smollm2-135m", help="alias (lmlab models), HF folder, file.gguf or DIR::file.gguf"
+    )
+    p.add_argument("--engine", default="fast", choices=("fast", "fast-int4", "hf"),
+                   help="fast / fast-int4: continuous batching; hf: one request at a time")  # fmt: skip
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch", dest="max_batch", type=int, default=8, help="most sequences decoded together")
+    p.add_argument("--max-context", dest="max_context", type=int, default=None,
+                   help="longest prompt + completion (default: the model's positions, at most 4096)")  # fmt: skip
+    p.add_argument(
+        "--served-name", dest="served_name", default=None, help="model name in /v1/models (default --model)"
+    )
+    p.add_argument(
+        "--strategy",
+        default=None,
+        metavar="JSON",
+        help='default lmlab decoding strategy, e.g. \'{"strategy": "reflection_window", "sigma": 0.5}\'',
+    )
+    p.add_argument("--threads", type=int)
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("env", help="versions, git hash, CPU and threads (for bug reports)")
     p.set_defaults(func=cmd_env)
     return parser
 
 
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from lmlab.core.bench_decode import check_out_dir
+    from lmlab.serve.bench import bench_serve, format_report, write_report
+
+    for name, value in (("requests", args.requests), ("max-tokens", args.max_tokens), *(
+            ("concurrency", c) for c in args.concurrency)):  # fmt: skip
+        if value < 1:
+            raise UsageError(f"--{name} must be >= 1, got {value}")
+    if args.max_seconds <= 0:
+        raise UsageError(f"--max-seconds must be > 0, got {args.max_seconds}")
+    if args.out is None:
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in Path(args.model).name or args.model)
+        args.out = str(Path("runs") / "bench" / f"{time.strftime('%Y%m%d-%H%M%S')}_serve_{safe}")
+    try:
+        out = check_out_dir(args.out)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    report = bench_serve(
+        args.model,
+        engine=args.engine,
+        concurrency=tuple(args.concurrency),
+        requests=args.requests,
+        max_tokens=args.max_tokens,
+        max_seconds=args.max_seconds,
+        threads=args.threads,
+        llamacpp=args.llamacpp,
+        workdir=out,
+        log=lambda m: print(m, file=sys.stderr),
+    )
+    print(format_report(report))
+    print(f"\nwrote {write_report(report, out)}")
+    return EXIT_OK if not report["problems"] else EXIT_ERROR
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if getattr(args, "bench_command", None) != "decode":
-        raise UsageError("usage: lmlab bench decode [--model M] [--rounds N] ... (see lmlab bench decode --help)")
+        raise UsageError("usage: lmlab bench decode|serve [...] (see lmlab bench decode --help)")
     import time
     from pathlib import Path
 

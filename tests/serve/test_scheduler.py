@@ -62,10 +62,24 @@ def test_echo_logprobs_equal_scoring(tiny, sched):
     assert all(len(t.top) == 2 and t.top[0][2] >= t.top[1][2] for t in fin.prompt_tokens[1:])
 
 
-def test_deltas_join_to_the_final_text_and_tokens(tiny, sched):
-    _, tok = tiny
-    h = sched.submit(GenRequest(_ids(tok, PROMPTS[0]), max_tokens=24, temperature=0))
-    fin = h.result(timeout=30)
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+@pytest.mark.parametrize("ending", ["length", "stop"])
+def test_deltas_join_to_the_final_text_and_tokens(tiny, engine, ending):
+    model, tok = tiny
+    ids = _ids(tok, PROMPTS[0])
+    with Scheduler(model, tok, engine=engine) as s:
+        free = s.submit(GenRequest(ids, max_tokens=16, temperature=0)).result(30)
+        assert free.finish_reason == "length"  # this prompt runs to the budget
+        # a budget whose last token completes a character, so the last token's own text must reach the deltas
+        gen = [t.token_id for t in free.tokens]
+        n = max(k for k in range(1, 17) if not tok.decode(gen[:k]).endswith("\ufffd"))
+        free = s.submit(GenRequest(ids, max_tokens=n, temperature=0)).result(30)
+        assert len(free.text) >= 6, free.text
+        stop = [free.text[4:6]] if ending == "stop" else []
+        h = s.submit(GenRequest(ids, max_tokens=n, temperature=0, stop=stop))
+        fin = h.result(timeout=30)
+    assert fin.finish_reason == ending
+    assert fin.text == (free.text[: free.text.index(stop[0])] if stop else free.text)
     deltas = h.deltas()
     assert "".join(d.text for d in deltas) == fin.text
     assert [t.token_id for d in deltas for t in d.tokens] == [t.token_id for t in fin.tokens]

@@ -246,6 +246,7 @@ class _Row:
     pending: list[TokenInfo] = field(default_factory=list)  # tokens not yet sent in a Delta
     prompt_tokens: list[TokenInfo] | None = None
     last: int = -1  # the token to feed next
+    held: str = ""  # released text not yet sent (the final token's)
     reason: str | None = None
 
     @property
@@ -470,11 +471,14 @@ class Scheduler:
         if text and row.reason is None:
             row.handle._push(Delta(req.request_id, text, row.pending))
             row.pending = []
+        else:  # the final token's text goes out with the last Delta, in `_finish`
+            row.held += text
 
     def _finish(self, row: _Row, *, reason: str | None = None, error: str | None = None) -> None:
         req = row.request
         reason = reason or row.reason or "length"
-        rest = row.stream.flush() if error is None else ""
+        rest = row.held + row.stream.flush() if error is None else ""
+        row.held = ""
         row.handle._push(Delta(req.request_id, rest, row.pending))
         row.pending = []
         row.handle._push(
@@ -597,6 +601,7 @@ class Scheduler:
             text = row.stream.push(token)
             if row.stream.stopped:
                 row.reason = "stop"
+                row.held += text
                 return Stop("stop_string")
             if text:
                 handle._push(Delta(req.request_id, text, row.pending))
