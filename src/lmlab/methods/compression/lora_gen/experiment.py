@@ -242,24 +242,13 @@ def run(cfg: Any, ctx: Any) -> Any:
     cluster = [f"{RELATIONS[tasks[i].relation][0]}:{it.source_id}" for i, it in test_rows]
     for system in SYSTEMS:
         vals = scores[system]
-        ctx.record(
-            system,
-            "em_seen",
-            [vals[r][0] for r in seen_rows],
-            clusters=[cluster[r] for r in seen_rows],
-            note="greedy exact match, seen tasks",
-        )
-        if system == "per_task_lora":
-            continue  # no adapter for an unseen task (it would need the task's training data)
-        if unseen_rows:
-            ctx.record(
-                system,
-                "em_unseen",
-                [vals[r][0] for r in unseen_rows],
-                clusters=[cluster[r] for r in unseen_rows],
-                note="greedy exact match, unseen tasks",
-            )
-        ctx.record(system, "answer_nll", [vals[r][1] for r in everything], clusters=cluster, unit="nats/token")
+        seen_only = system == "per_task_lora"  # no adapter for an unseen task (it would need the task's training data)
+        for split, rows in (("seen", seen_rows), ("unseen", unseen_rows)):
+            if split == "seen" or (rows and not seen_only):
+                ctx.record(system, f"em_{split}", [vals[r][0] for r in rows], clusters=[cluster[r] for r in rows],
+                           note=f"greedy exact match, {split} tasks")  # fmt: skip
+        if not seen_only:
+            ctx.record(system, "answer_nll", [vals[r][1] for r in everything], clusters=cluster, unit="nats/token")
     gold = [(it.query, it.answer) for _, it in test_rows]
     ctx.record_value(
         "multitask_lora",

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -811,6 +812,51 @@ def batch_stream(
         yield batch, [prompt_rng.choice(prompts_of_task[t]) for t, _ in batch]
 
 
+_Batch = list[tuple[int, list[int]]]  # one step's [(task, example rows)], as `batch_stream` yields it
+
+
+def _update(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """One optimiser step on `loss`."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def _fit(
+    module: nn.Module,
+    step: Callable[[_Batch, list[int]], float],
+    log: TrainLog,
+    task_of: Sequence[int],
+    prompts_of_task: dict[int, list[int]],
+    *,
+    steps: int,
+    tasks_per_step: int,
+    per_task: int,
+    seed: int,
+    on_step: Callable[[int, float], None] | None,
+) -> TrainLog:
+    """The loop of every trained system, so that each sees the same `batch_stream` batches for one `seed`.
+
+    ``step(batch, prompt_idx)`` (the ``[(task, example rows)]`` of one step and each task's prompt index) takes that
+    batch's optimiser step(s) and returns the loss to log; this logs it with the batch's rows, calls
+    ``on_step(step index, loss)``, keeps `module` in training mode meanwhile and times the run (`log.wall_s`)."""
+    stream = batch_stream(
+        task_of, prompts_of_task, steps=steps, tasks_per_step=tasks_per_step, per_task=per_task, seed=seed
+    )
+    t0 = time.perf_counter()
+    module.train()
+    try:
+        for i, (batch, prompt_idx) in enumerate(stream):
+            log.loss.append(step(batch, prompt_idx))
+            log.rows.append([r for _, rs in batch for r in rs])
+            if on_step is not None:
+                on_step(i, log.loss[-1])
+    finally:
+        module.eval()
+    log.wall_s = time.perf_counter() - t0
+    return log
+
+
 def train_generator(
     generator: LoRAGenerator,
     top: EdgeTop,
@@ -835,45 +881,35 @@ def train_generator(
     Each step samples tasks, one cached cloud encoding of each task's system prompt (its prompt variants differ in
     their few-shot examples), and examples of those tasks; the gates of a task apply to its examples only.
     """
-    import time
-
     noise_gen = torch.Generator().manual_seed(seed)
     frozen = [p for p in top.model.parameters() if p.requires_grad]
     for p in frozen:
         p.requires_grad_(False)
     opt = torch.optim.AdamW([p for p in generator.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     log = TrainLog(opt_steps={"generator": 0})
-    stream = batch_stream(
-        task_of, prompts_of_task, steps=steps, tasks_per_step=tasks_per_step, per_task=per_task, seed=seed
-    )
-    t0 = time.perf_counter()
-    generator.train()
+    hooks = MixtureHooks(top.model, generator)
+
+    def step(batch: _Batch, prompt_idx: list[int]) -> float:
+        g = generator.gate(cloud_states[prompt_idx], cloud_mask[prompt_idx], noisy=noisy, generator=noise_gen)
+        rows = [r for _, rs in batch for r in rs]
+        owner = torch.tensor([k for k, (_, rs) in enumerate(batch) for _ in rs])
+        hooks.gates = g.gates[owner]  # (batch, n_layers, n): each example gets its task's gates
+        sub = packed.subset(rows)
+        ce = answer_loss(top.answer_logits(hidden[rows], sub), sub)
+        bal = generator.balance_loss(g.gates)
+        _update(opt, ce + balance_weight * bal)
+        log.opt_steps["generator"] += 1
+        log.balance.append(float(bal.detach()))
+        return float(ce.detach())  # the logged loss is the answer CE, comparable with the LoRAs'
+
     try:
-        with MixtureHooks(top.model, generator) as hooks:
-            for step, (batch, prompt_idx) in enumerate(stream):
-                g = generator.gate(cloud_states[prompt_idx], cloud_mask[prompt_idx], noisy=noisy, generator=noise_gen)
-                rows = [r for _, rs in batch for r in rs]
-                owner = torch.tensor([k for k, (_, rs) in enumerate(batch) for _ in rs])
-                hooks.gates = g.gates[owner]  # (batch, n_layers, n): each example gets its task's gates
-                sub = packed.subset(rows)
-                ce = answer_loss(top.answer_logits(hidden[rows], sub), sub)
-                bal = generator.balance_loss(g.gates)
-                loss = ce + balance_weight * bal
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                log.opt_steps["generator"] += 1
-                log.rows.append(rows)
-                log.loss.append(float(ce.detach()))
-                log.balance.append(float(bal.detach()))
-                if on_step is not None:
-                    on_step(step, log.loss[-1])
+        with hooks:
+            _fit(generator, step, log, task_of, prompts_of_task, steps=steps, tasks_per_step=tasks_per_step,
+                 per_task=per_task, seed=seed, on_step=on_step)  # fmt: skip
             hooks.gates = None
     finally:
         for p in frozen:
             p.requires_grad_(True)
-        generator.eval()
-    log.wall_s = time.perf_counter() - t0
     return log
 
 
@@ -886,6 +922,26 @@ def lora_parameters(model: Any, adapter: str | None = None) -> list[nn.Parameter
 
 def _no_lora(what: str) -> ValueError:
     return ValueError(f"{what} has no lora_ parameters (wrap it with peft first)")
+
+
+def _lora_step(
+    top: EdgeTop, lr: float, loss_of: Callable[[_Batch, list[int]], torch.Tensor]
+) -> tuple[Callable[[_Batch, list[int]], float], TrainLog]:
+    """`_fit`'s step and log for the one shared LoRA on `top.model`: an AdamW step per batch on
+    ``loss_of(batch, prompt_idx)``. `train_lora` and `train_lora_ctx` differ only in that loss."""
+    params = lora_parameters(top.model)
+    if not params:
+        raise _no_lora("the model")
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    log = TrainLog(opt_steps={"lora": 0})
+
+    def step(batch: _Batch, prompt_idx: list[int]) -> float:
+        loss = loss_of(batch, prompt_idx)
+        _update(opt, loss)
+        log.opt_steps["lora"] += 1
+        return float(loss.detach())
+
+    return step, log
 
 
 def train_lora(
@@ -908,35 +964,14 @@ def train_lora(
     The bare query is shared by every task of its input type, so this LoRA cannot tell those tasks apart: it gives
     one answer per query, and at most one of the k tasks sharing it can be right (the ~1/k ceiling,
     `tasks.bare_query_ceiling`)."""
-    import time
 
-    params = lora_parameters(top.model)
-    if not params:
-        raise _no_lora("the model")
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    log = TrainLog(opt_steps={"lora": 0})
-    stream = batch_stream(
-        task_of, prompts_of_task, steps=steps, tasks_per_step=tasks_per_step, per_task=per_task, seed=seed
-    )
-    t0 = time.perf_counter()
-    top.model.train()
-    try:
-        for step, (batch, _) in enumerate(stream):
-            rows = [r for _, rs in batch for r in rs]
-            sub = packed.subset(rows)
-            loss = answer_loss(top.answer_logits(hidden[rows], sub), sub)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            log.opt_steps["lora"] += 1
-            log.rows.append(rows)
-            log.loss.append(float(loss.detach()))
-            if on_step is not None:
-                on_step(step, log.loss[-1])
-    finally:
-        top.model.eval()
-    log.wall_s = time.perf_counter() - t0
-    return log
+    def loss_of(batch: _Batch, _: list[int]) -> torch.Tensor:
+        rows = [r for _, rs in batch for r in rs]
+        sub = packed.subset(rows)
+        return answer_loss(top.answer_logits(hidden[rows], sub), sub)
+
+    return _fit(top.model, *_lora_step(top, lr, loss_of), task_of, prompts_of_task, steps=steps,
+                tasks_per_step=tasks_per_step, per_task=per_task, seed=seed, on_step=on_step)  # fmt: skip
 
 
 @dataclass
@@ -1015,34 +1050,13 @@ def train_lora_ctx(
 
     Each step runs every prompt of the batch once through the top blocks and its examples as continuations
     (`EdgeTop.answer_logits_with_prefix`); the gradient flows through the prompt's keys and values too."""
-    import time
 
-    params = lora_parameters(top.model)
-    if not params:
-        raise _no_lora("the model")
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    log = TrainLog(opt_steps={"lora": 0})
-    stream = batch_stream(
-        task_of, prompts_of_task, steps=steps, tasks_per_step=tasks_per_step, per_task=per_task, seed=seed
-    )
-    t0 = time.perf_counter()
-    top.model.train()
-    try:
-        for step, (batch, prompt_idx) in enumerate(stream):
-            pre, lens, owner, hidden, sub = context.batch([(j, rs) for (_, rs), j in zip(batch, prompt_idx)])
-            loss = answer_loss(top.answer_logits_with_prefix(pre, lens, owner, hidden, sub), sub)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            log.opt_steps["lora"] += 1
-            log.rows.append([r for _, rs in batch for r in rs])
-            log.loss.append(float(loss.detach()))
-            if on_step is not None:
-                on_step(step, log.loss[-1])
-    finally:
-        top.model.eval()
-    log.wall_s = time.perf_counter() - t0
-    return log
+    def loss_of(batch: _Batch, prompt_idx: list[int]) -> torch.Tensor:
+        pre, lens, owner, hidden, sub = context.batch([(j, rs) for (_, rs), j in zip(batch, prompt_idx)])
+        return answer_loss(top.answer_logits_with_prefix(pre, lens, owner, hidden, sub), sub)
+
+    return _fit(top.model, *_lora_step(top, lr, loss_of), task_of, prompts_of_task, steps=steps,
+                tasks_per_step=tasks_per_step, per_task=per_task, seed=seed, on_step=on_step)  # fmt: skip
 
 
 def train_lora_per_task(
@@ -1068,8 +1082,6 @@ def train_lora_per_task(
     examples of its task in each batch. Every system thus sees the same examples, as often, with the same forward
     / backward tokens; a task's adapter takes as many optimiser steps as its task is drawn (about
     ``steps * tasks_per_step / n_tasks``), each on ``per_task`` examples."""
-    import time
-
     opts = {}
     for t, name in adapters.items():
         params = lora_parameters(peft_model, name)
@@ -1077,34 +1089,23 @@ def train_lora_per_task(
             raise _no_lora(f"adapter {name!r}")
         opts[t] = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     log = TrainLog(opt_steps={name: 0 for name in adapters.values()})
-    stream = batch_stream(
-        task_of, prompts_of_task, steps=steps, tasks_per_step=tasks_per_step, per_task=per_task, seed=seed
-    )
-    t0 = time.perf_counter()
-    top.model.train()
-    try:
-        for step, (batch, _) in enumerate(stream):
-            total, weight = 0.0, 0
-            for t, rs in batch:
-                if t not in adapters:
-                    raise ValueError(f"task {t} has no adapter; adapters cover tasks {sorted(adapters)}")
-                peft_model.set_adapter(adapters[t])  # active and trainable; the other adapters are frozen and off
-                sub = packed.subset(rs)
-                loss = answer_loss(top.answer_logits(hidden[rs], sub), sub)
-                opts[t].zero_grad()
-                loss.backward()
-                opts[t].step()
-                log.opt_steps[adapters[t]] += 1
-                total += float(loss.detach()) * len(sub.target)
-                weight += len(sub.target)
-            log.rows.append([r for _, rs in batch for r in rs])
-            log.loss.append(total / max(weight, 1))  # the batch's mean answer CE, as the shared LoRAs log it
-            if on_step is not None:
-                on_step(step, log.loss[-1])
-    finally:
-        top.model.eval()
-    log.wall_s = time.perf_counter() - t0
-    return log
+
+    def step(batch: _Batch, _: list[int]) -> float:
+        total, weight = 0.0, 0
+        for t, rs in batch:
+            if t not in adapters:
+                raise ValueError(f"task {t} has no adapter; adapters cover tasks {sorted(adapters)}")
+            peft_model.set_adapter(adapters[t])  # active and trainable; the other adapters are frozen and off
+            sub = packed.subset(rs)
+            loss = answer_loss(top.answer_logits(hidden[rs], sub), sub)
+            _update(opts[t], loss)
+            log.opt_steps[adapters[t]] += 1
+            total += float(loss.detach()) * len(sub.target)
+            weight += len(sub.target)
+        return total / max(weight, 1)  # the batch's mean answer CE, as the shared LoRAs log it
+
+    return _fit(top.model, step, log, task_of, prompts_of_task, steps=steps, tasks_per_step=tasks_per_step,
+                per_task=per_task, seed=seed, on_step=on_step)  # fmt: skip
 
 
 def lora_params_per_rank(shapes: dict[str, tuple[int, int]]) -> int:
