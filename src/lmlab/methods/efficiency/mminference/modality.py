@@ -63,6 +63,15 @@ from lmlab.methods.efficiency.mminference.method import (
 )
 
 MODALITIES: tuple[str, ...] = ("vision", "text")  # permuted order: vision first (official create_typed_spans)
+
+
+def modality_code(mod: str) -> int:
+    """The label code of modality `mod`; a one-line error naming it otherwise."""
+    if mod not in MODALITIES:
+        raise ValueError(f"unknown modality {mod!r} in the index; expected one of {', '.join(MODALITIES)}")
+    return MODALITIES.index(mod)
+
+
 MM_SPACE_KINDS: tuple[str, ...] = ("vs_attn", "q_boundary", "2d_boundary", "vision_grid")
 
 
@@ -314,7 +323,7 @@ def mm_token_mask(
     labels = layout.labels()
     mask = torch.zeros(n, n, dtype=torch.bool)
     for mod, (cols, diags) in est.items():
-        rows = (labels == MODALITIES.index(mod)).nonzero()[:, 0]
+        rows = (labels == modality_code(mod)).nonzero()[:, 0]
         in_s = torch.zeros(2 * n - 1, dtype=torch.bool)
         in_s[diags[(diags > -n) & (diags < n)] + n - 1] = True
         in_s[n - 1] = True
@@ -352,7 +361,9 @@ def keyspace_sums(
     for order, c0 in _runs(kinv[rows]):
         r = rows[order]
         length = len(r)
-        contiguous = bool(r[-1] - r[0] == length - 1)
+        # one slice only when the rows are consecutive *and ascending* (one image in grid order is consecutive
+        # as a set, a, a + S, ..., a + 1, ..., but not in order)
+        contiguous = bool(torch.equal(r, torch.arange(int(r[0]), int(r[0]) + length)))
         b = a[int(r[0]) : int(r[-1]) + 1] if contiguous else a[r]  # (L, n): row t has key coordinate c0 + t
         if not identity:
             b = b[:, kperm]
@@ -381,7 +392,7 @@ def mm_recall(
     labels = layout.labels()
     total = a.new_zeros(())
     for mod, (cols, diags) in est.items():
-        code = MODALITIES.index(mod)
+        code = modality_code(mod)
         rows = (labels == code).nonzero()[:, 0]
         d = torch.unique(torch.cat([diags[(diags > -n) & (diags < n)], torch.zeros(1, dtype=torch.long)]))
         v = torch.unique(cols)
