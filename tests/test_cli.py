@@ -170,3 +170,19 @@ def test_prune_refuses_an_existing_out(tmp_path, capsys):
     (tmp_path / "x").mkdir()
     assert main([*_PRUNE, "--method", "wanda", "--out", str(tmp_path / "x")]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_backend_flag_is_refused_where_a_method_has_no_api_backend(capsys):
+    assert main(["run", "wanda", "--backend", "openai:http://127.0.0.1:1/v1", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "wanda has no API backend" in err and "ralu" in err
+
+
+def test_bad_backend_spec_is_named(capsys):
+    assert main(["run", "ralu", "--backend", "vllm:http://x", "--dry-run"]) == 2
+    assert "'vllm:http://x'" in capsys.readouterr().err
+
+
+def test_backend_flag_reaches_the_config(capsys):
+    assert main(["run", "ralu", "--backend", "openai:http://127.0.0.1:9/v1#m", "--dry-run"]) == 0
+    assert "openai:http://127.0.0.1:9/v1#m" in capsys.readouterr().out

@@ -101,8 +101,28 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("model", "device", "dtype", "threads", "limit", "batch_size")
+    keys = ("model", "device", "dtype", "threads", "limit", "batch_size", "backend")
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
+def _check_backend(ids: Sequence[str], backend: str | None, *, all_must_have: bool) -> None:
+    """`--backend` applies to methods whose config has a `backend` field (API-only methods); refuse it elsewhere."""
+    if backend is None:
+        return
+    import dataclasses
+
+    from lmlab.core.backends import parse_backend
+    from lmlab.registry import get_method, list_methods
+
+    try:
+        parse_backend(backend)
+    except ValueError as e:
+        raise UsageError(f"--backend: {e}") from None
+    have = [s.id for s in list_methods() if "backend" in {f.name for f in dataclasses.fields(s.config_class())}]
+    if all_must_have:
+        missing = [i for i in ids if get_method(i).id not in have]
+        if missing:
+            raise UsageError(f"--backend: {missing[0]} has no API backend; it applies to {', '.join(have) or 'none'}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -113,6 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = get_method(args.id)
     preset = "quick" if args.quick else args.preset
     seeds = args.seeds if args.seeds else [args.seed]
+    _check_backend([spec.id], args.backend, all_must_have=True)
     overrides = _run_overrides(args)
     if args.dry_run:
         cfg = resolve_config(spec, preset=preset, config_file=args.config, sets=args.set, overrides=overrides)
@@ -184,6 +205,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     args.ids = list(args.ids) + list(args.only)
     if args.all and (args.ids or args.area):
         raise UsageError("--all cannot be combined with method ids or --area")
+    _check_backend(args.ids, args.backend, all_must_have=False)
     overrides = _run_overrides(args)
     with quiet_transformers():
         folder, entries = reproduce(
@@ -339,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--threads", type=int)
         q.add_argument("--limit", type=int)
         q.add_argument("--batch-size", dest="batch_size", type=int)
+        q.add_argument("--backend", metavar="SPEC",
+                       help="API backend of API-only methods (ralu): openai:URL[#model] (key from $OPENAI_API_KEY), "
+                            "local:MODEL, or hf")  # fmt: skip
         q.add_argument("--out", help="output folder")
         q.add_argument("--no-progress", action="store_true")
         q.add_argument("-v", "--verbose", action="count", default=0)

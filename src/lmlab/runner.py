@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import logging
@@ -26,6 +27,9 @@ from lmlab.registry import MethodSpec, get_method, list_methods
 from lmlab.results import Claim, MetricRow, RunResult, atomic_write_text, dumps, evaluate_claim, load_result
 
 logger = logging.getLogger("lmlab")
+
+# command-line overrides that only some methods' configs have: `reproduce` passes them to those methods alone
+OPTIONAL_OVERRIDES = ("backend",)
 
 
 def progress_enabled(flag: bool | None = None) -> bool:
@@ -423,7 +427,10 @@ def reproduce(
 
             shutil.rmtree(method_dir)
         logger.info("running %s (%s preset)", spec.id, preset)
-        run_method(spec.id, preset=preset, folder=method_dir, show_progress=show_progress, **dict(overrides or {}))
+        # a field only some methods have (the API `backend`) goes to those methods alone
+        fields = {f.name for f in dataclasses.fields(spec.config_class())}
+        method_overrides = {k: v for k, v in (overrides or {}).items() if k not in OPTIONAL_OVERRIDES or k in fields}
+        run_method(spec.id, preset=preset, folder=method_dir, show_progress=show_progress, **method_overrides)
         write_reproduce_report(folder, [s for s in state["methods"]])
     entries = write_reproduce_report(folder, state["methods"])
     return folder, entries

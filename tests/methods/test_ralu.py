@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lmlab.core.backends import BackendError
 from lmlab.methods.decoding.ralu.backends import (
     OK_RESPONSE,
     ChatResponse,
@@ -479,6 +480,8 @@ class _StandIn(BaseHTTPRequestHandler):
         status, text = type(self).script.pop(0) if type(self).script else (200, OK_RESPONSE)
         if status != 200:
             self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("retry-after-ms", "1")  # the openai client's retry waits this long (keeps the test fast)
             self.end_headers()
             self.wfile.write(b'{"error": "nope"}')
             return
@@ -514,9 +517,10 @@ def stand_in():
 
 
 @pytest.mark.loopback
-def test_openai_backend_against_a_loopback_server(stand_in):
+def test_openai_backend_against_a_loopback_server(stand_in, monkeypatch):
     url, handler = stand_in
-    backend = OpenAIChatBackend(url, "served-model", api_key="k", retries=2, retry_delay_s=0.0)
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    backend = OpenAIChatBackend(url, "served-model", max_retries=1)
     handler.script = [(500, ""), (200, wrong_response("RUN `return x + 1`"))]
     text, lps = backend.chat([{"role": "user", "content": "Unit 1: RUN `return x`"}])
     assert text.startswith("WRONG") and lps == [-0.1, -0.1, -0.1]  # a 500 is retried
@@ -526,8 +530,8 @@ def test_openai_backend_against_a_loopback_server(stand_in):
     assert body["model"] == "served-model" and body["logprobs"] is True
     assert body["temperature"] == 0.7 and body["frequency_penalty"] == 0.3
     handler.script = [(400, "")]
-    with pytest.raises(RuntimeError, match="HTTP 400"):
-        backend.chat([{"role": "user", "content": "x"}])
+    with pytest.raises(BackendError, match=r"/v1/chat/completions answered HTTP 400: nope$"):
+        backend.chat([{"role": "user", "content": "x"}])  # a 4xx is not retried: one line naming the URL
     # the official loop runs unchanged over HTTP
     handler.script = [(200, wrong_response("#BRANCH# If Condition `if x <= 3` is satisfied, then RUN `return 1`"))]
     program = "def f(x):\n    if x < 3:\n        return 1\n    return 0\n"
@@ -579,3 +583,26 @@ def test_checks_that_hold_by_construction_are_mechanism_checks():
     assert combine_statuses([evaluate_claim(c, zeros, zeros).status for c in gated]) != "supported"
     only = build_claims(["initial", "ralu_cfg"])  # without whole_refine a falsifiable gated check remains
     assert [(c.method, c.baseline) for c in only if c.gate] == [("ralu_cfg", "initial")]
+
+
+def test_config_backend_specs():
+    from lmlab.methods.decoding.ralu.config import RaLUConfig
+    from lmlab.methods.decoding.ralu.experiment import _api_target
+
+    assert _api_target(RaLUConfig(backend="hf")) is None
+    # the older form keeps working: the endpoint in openai_base_url / openai_model
+    old = RaLUConfig(backend="openai", openai_base_url="http://127.0.0.1:9/v1", openai_model="m")
+    assert _api_target(old) == ("http://127.0.0.1:9/v1", "m")
+    assert _api_target(RaLUConfig(backend="openai:http://h:8000/v1#served")) == ("http://h:8000/v1", "served")
+    assert _api_target(RaLUConfig(backend="openai:http://h:8000/v1", openai_model="x")) == ("http://h:8000/v1", "x")
+    local = RaLUConfig(backend="local:tiny-llama")  # the constrained local roles, on that model
+    assert local.model == "tiny-llama" and _api_target(local) is None
+    for bad, match in [
+        ("smollm2", r"backend must be hf, openai, openai:URL\[#MODEL\] or local:MODEL, got 'smollm2'"),
+        ("openai:localhost:8000", r"got 'openai:localhost:8000': .*must start with http:// or https://"),
+        ("vllm:http://h/v1", r"unknown kind 'vllm'"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            RaLUConfig(backend=bad)
+    with pytest.raises(ValueError, match=r"openai_base_url must be http\(s\)://HOST\[:PORT\]/PATH, got 'h:1'"):
+        RaLUConfig(backend="openai", openai_base_url="h:1")

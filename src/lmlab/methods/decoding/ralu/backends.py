@@ -4,9 +4,10 @@ RaLU talks to its LLM through one call, ``chat(messages, temperature, logprobs) 
 official ``LLMBot.prompt_call``: ``/v1/chat/completions`` with ``logprobs=True``, temperature 0.7, frequency penalty
 0.3). Three implementations:
 
-- `OpenAIChatBackend`: any server speaking the OpenAI chat API (vLLM, llama.cpp ``llama-server``, TGI, OpenAI),
-  through the standard library's `urllib` (no new dependency), so the official prompts and loop run unchanged
-  against a model large enough to judge and repair code.
+- `APIChatBackend`: the official call over any `lmlab.core.backends.TextBackend`; `OpenAIChatBackend` is it over
+  `lmlab.core.backends.OpenAIBackend` (any server speaking the OpenAI chat API: `lmlab serve`, vLLM, llama.cpp
+  ``llama-server``, TGI, OpenAI, through the official `openai` client), so the official prompts and loop run
+  unchanged against a model large enough to judge and repair code.
 - `HFChatBackend`: a local causal LM (SmolLM2-135M-Instruct by default) playing the official roles under
   *deterministic constraints*, because a 135M model cannot follow the response format freely:
 
@@ -31,11 +32,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import re
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -44,6 +41,8 @@ from lmlab.methods.decoding.ralu.mutations import context_names, unit_candidates
 from lmlab.methods.decoding.ralu.units import LogicUnit, Program, apply_fix, apply_fixes
 
 __all__ = [
+    "APIChatBackend",
+    "FREQUENCY_PENALTY",
     "ChatBackend",
     "ChatResponse",
     "HFChatBackend",
@@ -103,107 +102,88 @@ class ChatBackend(Protocol):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# OpenAI-compatible HTTP endpoint
+# Any text backend (an OpenAI-compatible server)
+
+FREQUENCY_PENALTY = 0.3  # the official prompt_call (src/bot.py)
 
 
-class OpenAIChatBackend:
-    """Any OpenAI-compatible ``/v1/chat/completions`` endpoint, with token log-probs, over `urllib`.
+class APIChatBackend:
+    """The official ``prompt_call`` over a `lmlab.core.backends.TextBackend`: the free-form official loop.
+
+    Each call is ``backend.chat(messages, temperature=..., logprobs=..., frequency_penalty=0.3)`` (the official
+    values; ``temperature`` comes from the RaLU loop, 0.7). Nothing is constrained: the backend's model must follow
+    the response format itself, which needs a served model far above 135M.
 
     Args:
-        base_url (`str`): the API root, e.g. ``"http://127.0.0.1:8000/v1"`` (the request goes to
-            ``{base_url}/chat/completions``).
-        model (`str`): the served model name.
-        api_key (`str`, *optional*): sent as ``Authorization: Bearer``.
+        backend (`TextBackend`): e.g. `lmlab.core.backends.OpenAIBackend`.
         frequency_penalty (`float`, defaults to 0.3): the official value.
-        max_tokens (`int`, *optional*): completion cap (the official code sets none).
-        timeout_s (`float`, defaults to 120.0): per-request timeout.
-        retries (`int`, defaults to 5): attempts on connection errors and unreadable JSON (the official ``@retry``
-            uses 5 tries, 1 s apart); HTTP 4xx errors are raised at once.
-        retry_delay_s (`float`, defaults to 1.0): pause between attempts.
-        extra_body (`dict`, *optional*): more request fields (``seed``, ``top_p``, ...).
+        max_tokens (`int`, *optional*): completion cap per call (the official code sets none).
+        seed (`int`, *optional*): call ``i`` (counted from 0) is sent ``seed + i``, so a run is reproducible on a
+            server that honours seeds while a re-asked prompt still gets a fresh sample; None sends no seed.
+    """
+
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        frequency_penalty: float = FREQUENCY_PENALTY,
+        max_tokens: int | None = None,
+        seed: int | None = None,
+    ):
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1 or None, got {max_tokens!r}")
+        self.backend = backend
+        self.frequency_penalty = frequency_penalty
+        self.max_tokens = max_tokens
+        self.seed = seed
+        self.n_calls = 0
+
+    def chat(
+        self, messages: Sequence[Mapping[str, str]], *, temperature: float = 0.7, logprobs: bool = True
+    ) -> ChatResponse:
+        seed = None if self.seed is None else self.seed + self.n_calls
+        self.n_calls += 1
+        c = self.backend.chat(
+            messages,
+            max_tokens=self.max_tokens,
+            temperature=temperature,
+            seed=seed,
+            logprobs=logprobs,
+            frequency_penalty=self.frequency_penalty,
+        )
+        info = {"role": "remote", "backend": self.backend.name, "finish_reason": c.finish_reason}
+        return ChatResponse(c.text, c.token_logprobs, c.n_prompt_tokens, c.n_completion_tokens, info)
+
+
+class OpenAIChatBackend(APIChatBackend):
+    """`APIChatBackend` over `lmlab.core.backends.OpenAIBackend`: any OpenAI-compatible ``/v1/chat/completions``.
+
+    Args:
+        base_url (`str`): the API root, e.g. ``"http://127.0.0.1:8000/v1"``.
+        model (`str`, defaults to ``"default"``): the served model name.
+        api_key_env (`str`, defaults to ``"OPENAI_API_KEY"``): the environment variable holding the key.
+        timeout (`float`, defaults to 120.0): seconds per request.
+        max_retries (`int`, defaults to 4): the client's retries on connection errors and 5xx (5 attempts: the
+            official ``@retry`` makes 5 tries); a 4xx error is raised at once.
+        frequency_penalty, max_tokens, seed: `APIChatBackend`'s.
     """
 
     def __init__(
         self,
         base_url: str,
-        model: str,
+        model: str = "default",
         *,
-        api_key: str | None = None,
-        frequency_penalty: float = 0.3,
+        api_key_env: str = "OPENAI_API_KEY",
+        timeout: float = 120.0,
+        max_retries: int = 4,
+        frequency_penalty: float = FREQUENCY_PENALTY,
         max_tokens: int | None = None,
-        timeout_s: float = 120.0,
-        retries: int = 5,
-        retry_delay_s: float = 1.0,
-        extra_body: Mapping[str, Any] | None = None,
+        seed: int | None = None,
     ):
-        if not isinstance(base_url, str) or not re.match(r"^https?://", base_url):
-            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
-        if retries < 1:
-            raise ValueError(f"retries must be >= 1, got {retries!r}")
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model = model
-        self.api_key = api_key
-        self.frequency_penalty = frequency_penalty
-        self.max_tokens = max_tokens
-        self.timeout_s = timeout_s
-        self.retries = retries
-        self.retry_delay_s = retry_delay_s
-        self.extra_body = dict(extra_body or {})
+        from lmlab.core.backends import OpenAIBackend
 
-    def chat(
-        self, messages: Sequence[Mapping[str, str]], *, temperature: float = 0.7, logprobs: bool = True
-    ) -> ChatResponse:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
-            "temperature": temperature,
-            "frequency_penalty": self.frequency_penalty,
-            "logprobs": bool(logprobs),
-            **self.extra_body,
-        }
-        if self.max_tokens is not None:
-            body["max_tokens"] = self.max_tokens
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        data = json.dumps(body).encode("utf-8")
-        last: Exception | None = None
-        for attempt in range(self.retries):
-            request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
-                    payload = json.loads(reply.read().decode("utf-8"))
-                return self._parse(payload, logprobs)
-            except urllib.error.HTTPError as e:
-                detail = e.read().decode("utf-8", "replace")[:300]
-                if e.code < 500:
-                    raise RuntimeError(f"{self.url} answered HTTP {e.code}: {detail}") from None
-                last = RuntimeError(f"{self.url} answered HTTP {e.code}: {detail}")
-            except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError) as e:
-                last = e
-            if attempt + 1 < self.retries:
-                time.sleep(self.retry_delay_s)
-        raise RuntimeError(f"no answer from {self.url} after {self.retries} attempts: {last}")
-
-    @staticmethod
-    def _parse(payload: Mapping[str, Any], logprobs: bool) -> ChatResponse:
-        try:
-            choice = payload["choices"][0]
-            text = choice["message"]["content"] or ""
-        except (KeyError, IndexError, TypeError):
-            raise RuntimeError(f"not a chat completion: {str(payload)[:200]}") from None
-        lps = None
-        content = (choice.get("logprobs") or {}).get("content") if logprobs else None
-        if content:
-            lps = [float(t["logprob"]) for t in content]
-        usage = payload.get("usage") or {}
-        return ChatResponse(
-            text,
-            lps,
-            int(usage.get("prompt_tokens") or 0),
-            int(usage.get("completion_tokens") or 0),
-            {"role": "remote"},
-        )
+        backend = OpenAIBackend(base_url, model, api_key_env, timeout=timeout, max_retries=max_retries)
+        super().__init__(backend, frequency_penalty=frequency_penalty, max_tokens=max_tokens, seed=seed)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from lmlab.config import BaseConfig, check_range, param
 
 SYSTEMS: tuple[str, ...] = ("initial", "whole_refine", "ralu_line", "ralu_cfg", "oracle_cfg")
+# plus the specs "openai:URL[#MODEL]" and "local:MODEL" (`lmlab.core.backends.parse_backend`)
 BACKENDS: tuple[str, ...] = ("hf", "openai")
 
 
@@ -30,9 +31,14 @@ class RaLUConfig(BaseConfig):
         budget (`int`, *optional*): unit-call budget per problem for every system; None: RaLU-CFG's own count on
             that problem (the equal-budget design).
         operators (`list[str]`): mutation operators used for injection.
-        backend (`str`, defaults to ``"hf"``): ``hf`` (the local model with constrained roles) or ``openai`` (an
-            OpenAI-compatible endpoint running the official prompts freely).
-        openai_base_url (`str`), openai_model (`str`): the endpoint when ``backend="openai"``.
+        backend (`str`, defaults to ``"hf"``): ``hf`` (the local model `model` with constrained roles),
+            ``local:MODEL`` (the same on MODEL), ``openai:URL[#MODEL]`` (an OpenAI-compatible server running the
+            official prompts freely, through `lmlab.core.backends.OpenAIBackend`; key from ``$OPENAI_API_KEY``), or
+            ``openai`` (the same at `openai_base_url`, the older form).
+        openai_base_url (`str`), openai_model (`str`): the endpoint when ``backend="openai"``; `openai_model` is
+            also the served name when an ``openai:URL`` spec has no ``#MODEL``.
+        openai_max_tokens (`int`, *optional*): completion cap per call on an API backend (None: none, as the
+            official code).
         synthesis (`str`, defaults to ``"reassemble"``): ``reassemble`` accepted units, or ``llm`` (official).
         sandbox_workers (`int`, defaults to 2): parallel sandboxed test runs.
         sandbox_timeout_s (`float`, defaults to 10.0): per-run limit of the HumanEval tests.
@@ -53,14 +59,18 @@ class RaLUConfig(BaseConfig):
     operators: list = param(
         ["cmp", "off_by_one", "and_or", "swap_const", "wrong_return"], "mutation operators used for injection"
     )
-    backend: str = param("hf", "LLM backend", choices=BACKENDS)
+    backend: str = param(
+        "hf", "LLM backend: hf (local model, constrained roles), local:MODEL, openai:URL[#MODEL], or openai"
+    )
     openai_base_url: str = param("http://127.0.0.1:8000/v1", "OpenAI-compatible endpoint (backend=openai)")
     openai_model: str = param("default", "served model name (backend=openai)", paper="gpt-4o / 70B+ models")
+    openai_max_tokens: int | None = param(None, "completion cap per call on an API backend (None: none, official)")
     synthesis: str = param("reassemble", "final program: reassemble units or llm", choices=("reassemble", "llm"))
     sandbox_workers: int = param(2, "parallel sandboxed test runs")
     sandbox_timeout_s: float = param(10.0, "time limit of one HumanEval test run (s)")
 
     def __post_init__(self) -> None:
+        self._check_backend()
         super().__post_init__()
         from lmlab.methods.decoding.ralu.mutations import OPERATORS
 
@@ -75,9 +85,34 @@ class RaLUConfig(BaseConfig):
         check_range("budget", self.budget, 1)
         check_range("sandbox_workers", self.sandbox_workers, 1)
         check_range("sandbox_timeout_s", self.sandbox_timeout_s, 0.0, 3600.0, open_lo=True)
+        check_range("openai_max_tokens", self.openai_max_tokens, 1)
         bad = [s for s in self.systems if s not in SYSTEMS]
         if bad:
             raise ValueError(f"systems must be among {', '.join(SYSTEMS)}, got {bad[0]!r}")
         bad = [o for o in self.operators if o not in OPERATORS]
         if bad or not self.operators:
             raise ValueError(f"operators must be a non-empty subset of {', '.join(OPERATORS)}, got {self.operators!r}")
+
+    def _check_backend(self) -> None:
+        """ValueError naming `backend` unless it is hf, openai, openai:URL[#MODEL] or local:MODEL; ``local:MODEL``
+        sets `model` (it is ``hf`` on that model)."""
+        from lmlab.core.backends import parse_backend
+
+        forms = "hf, openai, openai:URL[#MODEL] or local:MODEL"
+        if self.backend == "openai":
+            try:
+                parse_backend(f"openai:{self.openai_base_url}")
+            except ValueError:
+                url = self.openai_base_url
+                raise ValueError(f"openai_base_url must be http(s)://HOST[:PORT]/PATH, got {url!r}") from None
+            return
+        if self.backend in BACKENDS:
+            return
+        try:
+            kind, arg = parse_backend(self.backend)
+        except ValueError as e:
+            raise ValueError(f"backend must be {forms}, got {self.backend!r}: {e}") from None
+        if kind == "local":
+            if not self.backend.startswith("local:"):
+                raise ValueError(f"backend must be {forms}, got {self.backend!r}")
+            self.model = arg

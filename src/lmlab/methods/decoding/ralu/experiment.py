@@ -128,13 +128,31 @@ def _mutants(cfg: Any, ctx: Any, examples: list[Any]) -> list[dict[str, Any]]:
     return chosen
 
 
+def _api_target(cfg: Any) -> tuple[str, str] | None:
+    """``(base_url, served model)`` when RaLU runs on an API backend, None when on the local model."""
+    from urllib.parse import urldefrag
+
+    from lmlab.core.backends import parse_backend
+
+    if cfg.backend == "openai":  # the older form: the endpoint in openai_base_url / openai_model
+        return cfg.openai_base_url, cfg.openai_model
+    if cfg.backend == "hf":
+        return None
+    kind, arg = parse_backend(cfg.backend)
+    if kind != "openai":
+        return None  # local:MODEL is hf on MODEL (the config set cfg.model)
+    url, served = urldefrag(arg)
+    return url, served or cfg.openai_model
+
+
 def _backend(cfg: Any, ctx: Any, model: Any, tok: Any) -> Any:
     from lmlab.methods.decoding.ralu.backends import HFChatBackend, OpenAIChatBackend
 
-    if cfg.backend == "openai":
-        import os
-
-        return OpenAIChatBackend(cfg.openai_base_url, cfg.openai_model, api_key=os.environ.get("OPENAI_API_KEY"))
+    target = _api_target(cfg)
+    if target is not None:
+        # the official prompt_call: temperature 0.7 (from the loop), frequency penalty 0.3, logprobs=True
+        max_tokens = getattr(cfg, "openai_max_tokens", None)
+        return OpenAIChatBackend(target[0], target[1], max_tokens=max_tokens, seed=cfg.seed)
     return HFChatBackend(
         model,
         tok,
@@ -213,7 +231,8 @@ def run(cfg: Any, ctx: Any):
         if must not in systems:
             systems.insert(0 if must == "initial" else len(systems), must)
 
-    model, tok = (None, None) if cfg.backend == "openai" else ctx.load_model()
+    target = _api_target(cfg)
+    model, tok = (None, None) if target is not None else ctx.load_model()
     # the pool is drawn from the split in its seeded order until n_problems mutants are found
     examples = ctx.data("humaneval", None, split=cfg.split)
     t0 = time.perf_counter()
@@ -222,6 +241,8 @@ def run(cfg: Any, ctx: Any):
     if not items:
         raise RuntimeError("no problem yielded a failing, repairable mutant; raise n_problems or check the sandbox")
     backend = _backend(cfg, ctx, model, tok)
+    if target is not None:
+        ctx.flag("llm_backend", backend.backend.name)
 
     per: dict[str, dict[str, list[float]]] = {s: {} for s in systems}
     sensitivity: list[tuple[float, float] | None] = []
@@ -329,7 +350,7 @@ def run(cfg: Any, ctx: Any):
             pass_rows,
             title=title_for(
                 "ralu",
-                str(cfg.model if cfg.backend == "hf" else cfg.openai_model),
+                str(cfg.model if target is None else target[1]),
                 cfg.seed,
                 len(items),
                 "pass@1 after repair",
