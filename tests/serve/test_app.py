@@ -407,7 +407,25 @@ def test_request_options_reach_the_scheduler(fake_client, fake):
     assert [r.seed for r in reqs] == [11, 12, 11, 12]  # choice i: seed + i
     assert all(r.temperature == 0.5 and r.top_p == 0.9 and r.stop == ["zz"] and r.logprobs == 3 for r in reqs)
     assert all(r.echo_logprobs and r.strategy is None and r.max_tokens == 2 for r in reqs)
+    assert all(r.frequency_penalty == 0.0 and r.presence_penalty == 0.0 for r in reqs)
     assert len({r.request_id for r in reqs}) == 4
+
+    fake.submitted.clear()
+    fake_client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}],
+                                        max_tokens=2, frequency_penalty=0.3, presence_penalty=-0.5)  # fmt: skip
+    (req,) = [h.request for h in fake.submitted]
+    assert (req.frequency_penalty, req.presence_penalty) == (0.3, -0.5)
+    with pytest.raises(openai.BadRequestError) as err:  # a strategy's decoder applies no penalty: refused
+        fake_client.chat.completions.create(
+            model="fake-model",
+            messages=[{"role": "user", "content": "hi"}],
+            frequency_penalty=0.3,
+            extra_body={"lmlab": {"strategy": "beam_search"}},
+        )
+    assert err.value.body["param"] == "frequency_penalty"
+    with pytest.raises(openai.BadRequestError) as err:
+        fake_client.completions.create(model="fake-model", prompt="hi", presence_penalty=2.5)
+    assert err.value.body["param"] == "presence_penalty"
 
     fake.submitted.clear()
     fake_client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}],

@@ -177,3 +177,45 @@ def test_text_stream_holds_back_an_incomplete_character():
     assert s.push(ord("a")) == "a"
     assert s.push(euro[0]) == "" and s.push(euro[1]) == ""
     assert s.push(euro[2]) == "€"
+
+
+def test_penalize_closed_form():
+    from lmlab.core.generation import penalize
+
+    logits = torch.zeros(6)
+    out = penalize(logits, [2, 2, 5], frequency=0.5, presence=0.25)
+    assert out.tolist() == [0, 0, -1.25, 0, 0, -0.75]
+    assert penalize(logits, [], 1.0, 1.0) is logits
+
+
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_penalties_change_the_choice_and_leave_log_probs_raw(tiny, engine):
+    model, tok = tiny
+    ids = _ids(tok, PROMPTS[2])
+    with Scheduler(model, tok, engine=engine) as s:
+        plain = s.submit(GenRequest(ids, max_tokens=24, temperature=0, logprobs=0)).result(30)
+        # negative penalties favour repetition: the random tiny model does not repeat by itself
+        pen = s.submit(
+            GenRequest(ids, max_tokens=24, temperature=0, logprobs=0, frequency_penalty=-2.0, presence_penalty=-1.0)
+        ).result(30)  # fmt: skip
+    gen = [t.token_id for t in plain.tokens]
+    got = [t.token_id for t in pen.tokens]
+    assert got != gen
+    # each penalised choice is the argmax of the raw logits minus the penalties of what came before
+    seq = list(ids)
+    for k, t in enumerate(pen.tokens):
+        with torch.no_grad():
+            raw = model(input_ids=torch.tensor([seq])).logits[0, -1]
+        lp = torch.log_softmax(raw, -1)
+        assert abs(float(lp[t.token_id]) - t.logprob) < 1e-4  # reported log-prob: the raw distribution's
+        counts = torch.bincount(torch.tensor(got[:k], dtype=torch.long), minlength=raw.shape[-1]).float()
+        assert t.token_id == int((raw + 2.0 * counts + 1.0 * (counts > 0).float()).argmax())
+        seq.append(t.token_id)
+        if k >= 8:
+            break
+
+
+def test_bad_penalty_is_named(tiny, sched):
+    _, tok = tiny
+    with pytest.raises(ValueError, match=r"frequency_penalty must be in \[-2, 2\], got 3"):
+        sched.submit(GenRequest(_ids(tok, "hi"), frequency_penalty=3.0))

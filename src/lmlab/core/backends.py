@@ -237,9 +237,13 @@ class FrequencyPenalty:
         # input_ids (batch, seq) long: prompt + generated so far; scores (batch, vocab)
         import torch
 
-        gen = input_ids[:, self.prompt_len :].to(scores.device)  # (batch, n_generated)
-        counts = torch.zeros_like(scores).scatter_add_(-1, gen, torch.ones_like(gen, dtype=scores.dtype))
-        return scores - self.penalty * counts  # (batch, vocab)
+        from lmlab.core.generation import penalize
+
+        rows = [
+            penalize(scores[i], input_ids[i, self.prompt_len :].tolist(), self.penalty, 0.0)
+            for i in range(len(scores))
+        ]
+        return torch.stack(rows)  # (batch, vocab)
 
 
 _FINISH = {"eos": "stop", "stop_string": "stop", "max_new_tokens": "length"}

@@ -110,6 +110,16 @@ def filter_logits(
     return logits
 
 
+def penalize(logits: torch.Tensor, generated: Sequence[int], frequency: float, presence: float) -> torch.Tensor:
+    """OpenAI's penalties on (vocab,) or (1, vocab) `logits`: ``- frequency * count(v) - presence * (count(v) > 0)``,
+    counting `generated` (the completion's tokens so far; the prompt does not count)."""
+    if not generated or (frequency == 0 and presence == 0):
+        return logits
+    counts = torch.bincount(torch.as_tensor(list(generated), dtype=torch.long), minlength=logits.shape[-1])
+    counts = counts[: logits.shape[-1]].to(logits.dtype)  # (vocab,)
+    return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
+
+
 def crop_cache(cache: Any, length: int) -> bool:
     """Crop `cache` in place to its first `length` positions. False if a layer cannot (then re-prefill)."""
     current = cache.get_seq_length()

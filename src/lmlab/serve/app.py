@@ -36,7 +36,8 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lmlab.core.scoring import chat_prompt, encode_prompt, has_chat_template
+from lmlab.core.backends import render_chat
+from lmlab.core.scoring import encode_prompt, has_chat_template
 from lmlab.serve.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -460,6 +461,7 @@ def create_app(
         n: int,
         temperature: float,
         top_p: float,
+        penalties: tuple[float, float],
         seed: int | None,
         stop: list[str],
         logprobs: int | None,
@@ -478,6 +480,8 @@ def create_app(
                         max_tokens=max_tokens,
                         temperature=temperature,
                         top_p=top_p,
+                        frequency_penalty=penalties[0],
+                        presence_penalty=penalties[1],
                         seed=None if seed is None else seed + i,
                         stop=list(stop),
                         logprobs=logprobs,
@@ -498,6 +502,16 @@ def create_app(
         for j, h in zip(jobs, handles):
             j.handle = h
         return jobs
+
+    def penalties_of(body: Any, strategy: Any) -> tuple[float, float]:
+        """OpenAI's ``(frequency_penalty, presence_penalty)``; an lmlab strategy's own decoder applies neither."""
+        fp, pp = float(body.frequency_penalty or 0.0), float(body.presence_penalty or 0.0)
+        if strategy is not None:
+            for name, value in (("frequency_penalty", fp), ("presence_penalty", pp)):
+                if value:
+                    raise APIError(400, f"an lmlab strategy does not apply '{name}'; drop it (got {value})",
+                                   param=name)  # fmt: skip
+        return fp, pp
 
     def stops(stop: str | list[str] | None) -> list[str]:
         return [stop] if isinstance(stop, str) else list(stop or [])
@@ -546,6 +560,7 @@ def create_app(
             n=body.n,
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
+            penalties=penalties_of(body, strategy),
             seed=body.seed,
             stop=stops(body.stop),
             logprobs=body.logprobs,
@@ -599,6 +614,7 @@ def create_app(
             n=body.n,
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
+            penalties=penalties_of(body, strategy),
             seed=body.seed,
             stop=stops(body.stop),
             logprobs=logprobs,
@@ -682,23 +698,18 @@ def _chat_ids(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:
                     )
             content = "".join(part.text or "" for part in content)
         messages.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
-    if has_chat_template(tokenizer):
-        try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as e:  # noqa: BLE001 - a template's own refusal (e.g. roles must alternate)
-            raise APIError(400, f"Invalid value for 'messages': the chat template failed: {e}",
-                           param="messages") from None  # fmt: skip
-    else:
-        if messages[-1]["role"] != "user":
-            raise APIError(
-                400,
-                f"Invalid value for 'messages.{len(messages) - 1}.role': this model has no chat template, so the "
-                f"last message must be the user's, got {messages[-1]['role']!r}",
-                param=f"messages.{len(messages) - 1}.role",
-            )
-        system = "\n".join(m["content"] for m in messages if m["role"] == "system") or None
-        history = [m for m in messages[:-1] if m["role"] != "system"]
-        text = chat_prompt(tokenizer, messages[-1]["content"], system=system, history=history)
+    if not has_chat_template(tokenizer) and messages[-1]["role"] != "user":
+        raise APIError(
+            400,
+            f"Invalid value for 'messages.{len(messages) - 1}.role': this model has no chat template, so the "
+            f"last message must be the user's, got {messages[-1]['role']!r}",
+            param=f"messages.{len(messages) - 1}.role",
+        )
+    try:  # the same rules as `lmlab.core.backends.LocalBackend`, so both sides of the API see one prompt
+        text = render_chat(tokenizer, messages)
+    except Exception as e:  # noqa: BLE001 - a template's own refusal (e.g. roles must alternate)
+        raise APIError(400, f"Invalid value for 'messages': the chat template failed: {e}",
+                       param="messages") from None  # fmt: skip
     return encode_prompt(tokenizer, text)
 
 

@@ -55,6 +55,8 @@ class CompletionRequest(_Request):
     max_tokens: int | None = Field(16, ge=0)  # OpenAI's default; null: up to the context limit
     temperature: float | None = Field(1.0, ge=0)
     top_p: float | None = Field(1.0, gt=0, le=1)
+    frequency_penalty: float | None = Field(0.0, ge=-2, le=2)
+    presence_penalty: float | None = Field(0.0, ge=-2, le=2)
     n: int = Field(1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
     seed: int | None = None
@@ -90,6 +92,8 @@ class ChatCompletionRequest(_Request):
     max_completion_tokens: int | None = Field(None, ge=0)  # OpenAI's newer name; wins over max_tokens
     temperature: float | None = Field(1.0, ge=0)
     top_p: float | None = Field(1.0, gt=0, le=1)
+    frequency_penalty: float | None = Field(0.0, ge=-2, le=2)
+    presence_penalty: float | None = Field(0.0, ge=-2, le=2)
     n: int = Field(1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
     seed: int | None = None

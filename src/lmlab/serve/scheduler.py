@@ -34,6 +34,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from lmlab.core.generation import penalize
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["Delta", "Finished", "GenRequest", "Handle", "Scheduler", "TextStream", "TokenInfo"]
@@ -48,6 +50,9 @@ class GenRequest:
         max_tokens (`int`): generation budget, >= 0 (0: no generation; with `echo_logprobs` only scores the prompt).
         temperature (`float`): 0 = greedy; > 0 samples from softmax(logits / temperature) after `top_p`.
         top_p (`float`): nucleus filter in (0, 1].
+        frequency_penalty, presence_penalty (`float`): OpenAI's, in [-2, 2]: before the choice (not in the reported
+            log-probs), ``logit[v] -= frequency_penalty * count(v) + presence_penalty * (count(v) > 0)`` over the
+            tokens generated so far (the prompt does not count).
         seed (`int`, *optional*): seeds this request's private sampler (same seed, same batch-independent draw).
         stop (`list[str]`): stop strings; the text is cut before the first one (it is not returned).
         logprobs (`int`, *optional*): return each chosen token's log-prob and the `logprobs` most likely
@@ -66,6 +71,8 @@ class GenRequest:
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     logprobs: int | None = None
@@ -321,6 +328,9 @@ class Scheduler:
             raise ValueError(f"temperature must be >= 0, got {request.temperature}")
         if not 0 < request.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {request.top_p}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(request, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(request, name)}")
         vocab = self._vocab_size()
         bad = [t for t in request.prompt_ids if not 0 <= int(t) < vocab]
         if bad:
@@ -431,6 +441,7 @@ class Scheduler:
         from lmlab.core.generation import filter_logits
 
         req = row.request
+        logits = penalize(logits, [t.token_id for t in row.tokens], req.frequency_penalty, req.presence_penalty)
         if req.temperature == 0:
             return int(logits.argmax())
         probs = filter_logits(logits, temperature=req.temperature, top_p=req.top_p).softmax(-1)
@@ -611,10 +622,18 @@ class Scheduler:
                 return Stop("cancelled")
             return None
 
+        n_prompt = len(req.prompt_ids)
+
+        def penalties(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            # input_ids (1, prompt + generated), scores (1, vocab)
+            gen = input_ids[0, n_prompt:].tolist()
+            return penalize(scores, gen, req.frequency_penalty, req.presence_penalty)
+
         decode(
             self.model,
             self.tokenizer,
             list(req.prompt_ids),
+            logits_processors=(penalties,),
             max_new_tokens=req.max_tokens,
             do_sample=req.temperature > 0,
             temperature=req.temperature if req.temperature > 0 else 1.0,
