@@ -51,6 +51,7 @@ METHOD_INDEX: tuple[str, ...] = (
     "efficiency/aoe",
     "efficiency/fp_quant_scaling",
     "efficiency/shadowkv",
+    "analysis/fractal_text",
 )
 
 _ID_RE = re.compile(r"^[a-z][a-z0-9_]*[a-z0-9]$")
