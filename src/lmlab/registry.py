@@ -52,6 +52,7 @@ METHOD_INDEX: tuple[str, ...] = (
     "efficiency/fp_quant_scaling",
     "efficiency/shadowkv",
     "analysis/fractal_text",
+    "analysis/model_independence",
 )
 
 _ID_RE = re.compile(r"^[a-z][a-z0-9_]*[a-z0-9]$")

@@ -1,0 +1,39 @@
+"""Independence tests on SmolLM2-135M: the attack defeats CSW but not MATCH; Wanda-pruned copy detected; Gemma not."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmlab.runner import run_method
+
+pytestmark = [pytest.mark.slow, pytest.mark.real_model]
+
+
+def test_match_survives_the_attack_and_does_not_flag_gemma(smollm2, gemma3):
+    result = run_method(
+        "model_independence",
+        preset="quick",
+        write=False,
+        show_progress=False,
+        raise_errors=True,
+        threads=2,
+        tiny_pairs=0,  # the tiny calibration is covered by the fast tests
+        derived=["perm_rot", "pruned"],
+        independent_model="gemma3-270m",
+        blocks=6,
+        n_texts=3,
+        seq_len=64,
+        prune_calib=2,
+    )
+    # the attack leaves SmolLM2's outputs unchanged (float64 copies), hides it from the weight tests, not from MATCH
+    assert result.flags["derived_perm_rot"]["logit_rel_diff_fp64"] < 1e-5
+    assert result.metric("match@perm_rot", "detected").value == 1.0
+    assert result.metric("csw@perm_rot", "detected").value == 0.0
+    # the Wanda-pruned copy keeps the unit order: PERMTEST at its floor, CSW and MATCH far below 1e-6
+    assert result.metric("permtest_l2@pruned", "p_value").value == pytest.approx(1 / 20)
+    assert result.metric("csw@pruned", "detected").value == 1.0
+    assert result.metric("match@pruned", "detected").value == 1.0
+    # an independently trained model of another architecture is not flagged
+    assert result.metric("match@independent_real", "detected").value == 0.0
+    statuses = {c.text.split(":")[0]: c.status for c in result.claims if c.gate}
+    assert all(s == "supported" for s in statuses.values()), statuses
