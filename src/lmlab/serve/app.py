@@ -309,15 +309,20 @@ class _ClientGone(Exception):
 
 
 async def _finish_or_cancel(jobs: Sequence[_Job], request: Request) -> list[Finished] | None:
-    """`_finish_all`, cancelling the jobs when the client went away (then None) or the handler was cancelled."""
+    """`_finish_all`, cancelling the jobs when the client went away (then None) or the handler was cancelled; a
+    request the engine failed on raises its `APIError` (500)."""
     try:
-        return await _finish_all(jobs, request)
+        finished = await _finish_all(jobs, request)
     except _ClientGone:
         _cancel(jobs)
         return None
     except BaseException:
         _cancel(jobs)
         raise
+    err = _engine_error(finished)
+    if err is not None:
+        raise err
+    return finished
 
 
 def _client_gone() -> JSONResponse:
@@ -456,21 +461,21 @@ def create_app(
         return max_tokens
 
     def submit(
+        body: CompletionRequest | ChatCompletionRequest,
         prompts: Sequence[tuple[list[int], str, int]],
         *,
-        n: int,
-        temperature: float,
-        top_p: float,
-        penalties: tuple[float, float],
-        seed: int | None,
-        stop: list[str],
         logprobs: int | None,
         echo_logprobs: bool,
         strategy: Any,
         id_: str,
         prompt_param: str,
     ) -> list[_Job]:
-        """One `GenRequest` per choice of each ``(ids, text, max_tokens)`` prompt; choice ``i`` seeded seed + i."""
+        """One `GenRequest` per choice of each ``(ids, text, max_tokens)`` prompt, with the body's sampling fields
+        (n, temperature, top_p, penalties, seed, stop; OpenAI's defaults where unset); choice ``i`` seeded seed + i."""
+        n, seed, stop = body.n, body.seed, stops(body.stop)
+        temperature = 1.0 if body.temperature is None else body.temperature
+        top_p = 1.0 if body.top_p is None else body.top_p
+        penalties = penalties_of(body, strategy)
         requests, jobs = [], []
         for p, (ids, text, max_tokens) in enumerate(prompts):
             for i in range(n):
@@ -556,13 +561,8 @@ def create_app(
         created = int(time.time())
         headers = {"X-Request-Id": reply_id(request, body.user, id_)}
         jobs = submit(
+            body,
             prompts,
-            n=body.n,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            penalties=penalties_of(body, strategy),
-            seed=body.seed,
-            stop=stops(body.stop),
             logprobs=body.logprobs,
             echo_logprobs=echo_logprobs,
             strategy=strategy,
@@ -576,9 +576,6 @@ def create_app(
         finished = await _finish_or_cancel(jobs, request)
         if finished is None:
             return _client_gone()
-        err = _engine_error(finished)
-        if err is not None:
-            raise err
         choices = []
         for j, f in zip(jobs, finished):
             text = (j.prompt_text + f.text) if body.echo else f.text
@@ -610,13 +607,8 @@ def create_app(
         headers = {"X-Request-Id": reply_id(request, body.user, id_)}
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         jobs = submit(
+            body,
             [(ids, "", n_tok)],
-            n=body.n,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            penalties=penalties_of(body, strategy),
-            seed=body.seed,
-            stop=stops(body.stop),
             logprobs=logprobs,
             echo_logprobs=False,
             strategy=strategy,
@@ -630,9 +622,6 @@ def create_app(
         finished = await _finish_or_cancel(jobs, request)
         if finished is None:
             return _client_gone()
-        err = _engine_error(finished)
-        if err is not None:
-            raise err
         choices = [
             ChatChoice(
                 index=j.index,
