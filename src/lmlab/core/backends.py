@@ -170,6 +170,20 @@ def _check_sampling(
     return stops
 
 
+def _check_generate(prompt: str, **sampling: Any) -> list[str]:
+    """`generate`'s argument checks (`_check_sampling` plus the prompt and a required `max_tokens`); the stop list."""
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+    if sampling["max_tokens"] is None:
+        raise ValueError("max_tokens must be an integer >= 0 for generate, got None")
+    return _check_sampling(**sampling)
+
+
+def _check_chat(messages: Sequence[Mapping[str, str]], **sampling: Any) -> tuple[list[dict[str, str]], list[str]]:
+    """`chat`'s argument checks: the messages as plain dicts (`_check_messages`) and the stop list."""
+    return _check_messages(messages), _check_sampling(**sampling)
+
+
 def _check_messages(messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
     """The messages as plain ``{"role", "content"}`` dicts; ValueError naming the first bad one."""
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence) or not messages:
@@ -350,11 +364,8 @@ class LocalBackend:
         n: int = 1,
         logprobs: bool = False,
     ) -> list[Completion]:
-        if not isinstance(prompt, str):
-            raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
-        if max_tokens is None:
-            raise ValueError("max_tokens must be an integer >= 0 for generate, got None")
-        stops = _check_sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop, seed=seed, n=n)
+        stops = _check_generate(prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop,
+                                seed=seed, n=n)  # fmt: skip
         ids = self._prompt_ids(prompt)
         return [
             self._decode(
@@ -382,9 +393,8 @@ class LocalBackend:
         logprobs: bool = False,
         frequency_penalty: float = 0.0,
     ) -> Completion:
-        msgs = _check_messages(messages)
-        stops = _check_sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop, seed=seed,
-                                frequency_penalty=frequency_penalty)  # fmt: skip
+        msgs, stops = _check_chat(messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop,
+                                  seed=seed, frequency_penalty=frequency_penalty)  # fmt: skip
         ids = self._prompt_ids(render_chat(self.tokenizer, msgs))
         (s,) = self._seeds(seed, 1, temperature)
         return self._decode(ids, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stops, seed=s,
@@ -532,11 +542,8 @@ class OpenAIBackend:
         n: int = 1,
         logprobs: bool = False,
     ) -> list[Completion]:
-        if not isinstance(prompt, str):
-            raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
-        if max_tokens is None:
-            raise ValueError("max_tokens must be an integer >= 0 for generate, got None")
-        stops = _check_sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop, seed=seed, n=n)
+        stops = _check_generate(prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop,
+                                seed=seed, n=n)  # fmt: skip
         kw: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
                               "n": n}  # fmt: skip
         if stops:
@@ -574,9 +581,8 @@ class OpenAIBackend:
         logprobs: bool = False,
         frequency_penalty: float = 0.0,
     ) -> Completion:
-        msgs = _check_messages(messages)
-        stops = _check_sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop, seed=seed,
-                                frequency_penalty=frequency_penalty)  # fmt: skip
+        msgs, stops = _check_chat(messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop,
+                                  seed=seed, frequency_penalty=frequency_penalty)  # fmt: skip
         kw: dict[str, Any] = {"messages": msgs, "temperature": temperature, "top_p": top_p, "logprobs": bool(logprobs)}
         if max_tokens is not None:
             kw["max_tokens"] = max_tokens
