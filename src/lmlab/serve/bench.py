@@ -25,11 +25,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from lmlab.serve.testing import wait_ready
 
 __all__ = ["bench_serve", "format_report", "write_report"]
 
@@ -42,22 +43,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float) -> None:
-    """Wait until GET `url` answers 200 (the server has loaded its model), or raise naming what happened."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode} before answering {url}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.25)
-    raise TimeoutError(f"{url} did not answer within {timeout:.0f} s")
-
-
 class ServerProcess:
     """A server in a child process on 127.0.0.1, stopped (terminate, then kill) on exit."""
 
@@ -68,7 +53,8 @@ class ServerProcess:
         self._log = open(self.log, "w")  # noqa: SIM115 - closed in __exit__
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT)
         try:
-            wait_ready(f"http://127.0.0.1:{self.port}{self.ready_path}", self.proc, self.timeout)
+            url = f"http://127.0.0.1:{self.port}{self.ready_path}"
+            wait_ready(url, self.timeout, failure=lambda: self._exited(url))
         except BaseException:
             self.__exit__()
             raise
@@ -82,6 +68,11 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(5)
         self._log.close()
+
+    def _exited(self, url: str) -> str | None:
+        if self.proc.poll() is None:
+            return None
+        return f"the server exited with code {self.proc.returncode} before answering {url}"
 
     @property
     def base_url(self) -> str:

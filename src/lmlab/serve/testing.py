@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["ServerThread"]
@@ -95,20 +96,13 @@ class ServerThread:
         return self
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout
-        url = self.url + self.health_path
-        while time.monotonic() < deadline:
+        def failure() -> str | None:
             if not self.thread.is_alive():
-                raise RuntimeError(f"the server thread exited before {url} answered: {self._error!r}")
-            if self.server.started:
-                try:
-                    with urllib.request.urlopen(url, timeout=2) as r:
-                        if r.status == 200:
-                            return
-                except OSError:
-                    pass
-            time.sleep(0.05)
-        raise TimeoutError(f"{url} did not answer within {self.ready_timeout:g} s")
+                return f"the server thread exited before {self.url + self.health_path} answered: {self._error!r}"
+            return None
+
+        wait_ready(self.url + self.health_path, self.ready_timeout, failure=failure,
+                   listening=lambda: bool(self.server.started), poll_s=0.05)  # fmt: skip
 
     def stop(self) -> None:
         """Stop uvicorn: graceful for half of `stop_timeout`, then forced; raises if the thread still runs."""
@@ -128,3 +122,32 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def wait_ready(
+    url: str,
+    timeout: float,
+    *,
+    failure: Callable[[], str | None] = lambda: None,
+    listening: Callable[[], bool] = lambda: True,
+    poll_s: float = 0.25,
+) -> None:
+    """Poll GET `url` until it answers 200 (the server has loaded its model).
+
+    Raises RuntimeError with `failure()`'s text as soon as it returns one (the server died), TimeoutError after
+    `timeout` seconds; `listening()` False skips a poll (the socket is not yet served).
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        why = failure()
+        if why is not None:
+            raise RuntimeError(why)
+        if listening():
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+        time.sleep(poll_s)
+    raise TimeoutError(f"{url} did not answer within {timeout:g} s")
