@@ -48,7 +48,7 @@ SPEC = register_method(
                 "conditions": ["prefix@0.5", "prefix@1.5"],
                 "human_domains": ["stdlib"],
                 "n_human": 8,
-                "human_tokens": 256,
+                "human_tokens": 160,
                 "n_generate": 8,
                 "max_new_tokens": 128,
                 "batch_size": 8,

@@ -44,9 +44,10 @@ class FractalTextConfig(BaseConfig):
         human_domains (`list[str]`): human corpora: ``stdlib`` (always present; the prompts' source) and
             ``licenses`` (Debian /usr/share/common-licenses; skipped where absent).
         n_human (`int`, defaults to 12): documents per human domain (paper: 1K per domain).
-        human_tokens (`int`, defaults to 384): tokens scored per human document, the first `drop_first` included.
+        human_tokens (`int`, defaults to 256): tokens scored per human document, the first `drop_first` included
+            (``drop_first + max_new_tokens``: human and LLM series of one length, as R/S estimates depend on it).
         n_generate (`int`, defaults to 12): prompts (hence documents) per condition.
-        max_new_tokens (`int`, defaults to 256): tokens generated per document (EOS may stop it earlier).
+        max_new_tokens (`int`, defaults to 224): tokens generated per document (EOS may stop it earlier).
         drop_first (`int`, defaults to 32): leading positions dropped; also the length of the human prefix prompt.
         window (`int`, defaults to 1024): scorer context.
         scales, taus (`list[int]`): Hurst window lengths and self-similarity lags.
@@ -62,7 +63,7 @@ class FractalTextConfig(BaseConfig):
     model: str = param("smollm2-135m", "generator A (instruction-tuned SmolLM2) and the default scorer",
                        paper="Gemini 1.0 Pro, Mistral-7B, Gemma-2B")  # fmt: skip
     batch_size: int = param(12, "prompts decoded together (fast engine)", paper="n/a")
-    max_new_tokens: int = param(256, "tokens generated per document", paper="article length (~1K+ tokens)")
+    max_new_tokens: int = param(224, "tokens generated per document", paper="article length (~1K+ tokens)")
     scorer: str | None = param(None, "fixed scoring LM for every text (None: model)", paper="one fixed LM")
     generator_b: str | None = param("gemma3-270m", "second generator (pretrained); None skips it",
                                     paper="pretrained and instruction-tuned variants")  # fmt: skip
@@ -75,7 +76,7 @@ class FractalTextConfig(BaseConfig):
     human_domains: list = param(list(HUMAN_DOMAINS), f"human corpora, among {', '.join(HUMAN_DOMAINS)}",
                                 paper="the GAGLE human articles of each domain")  # fmt: skip
     n_human: int = param(12, "documents per human domain", paper="1K per domain (notebook: 100)")
-    human_tokens: int = param(384, "tokens scored per human document (drop_first included)", paper="up to 2K")
+    human_tokens: int = param(256, "tokens scored per human document (drop_first included)", paper="up to 2K")
     n_generate: int = param(12, "prompts (documents) per generation condition", paper="1K+ articles")
     drop_first: int = param(32, "leading positions dropped; also the human-prefix prompt length",
                             paper="notebook drops 128 of 1024 (warm-up)")  # fmt: skip
