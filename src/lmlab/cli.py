@@ -497,7 +497,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from lmlab.core.bench_decode import check_out_dir
+    from lmlab.bench_decode import check_out_dir
     from lmlab.serve.bench import bench_serve, format_report, write_report
 
     for name, value in (("requests", args.requests), ("max-tokens", args.max_tokens), *(
@@ -537,7 +537,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from lmlab.core.bench_decode import (
+    from lmlab.bench_decode import (
         ALL_CANDIDATES,
         DEFAULT_CANDIDATES,
         MIN_WARMUP_TOKENS,

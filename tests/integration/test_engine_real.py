@@ -79,7 +79,7 @@ def test_smollm2_fp32_engine_greedy_equals_transformers(smollm2):
 
 
 def test_smollm2_int4_uses_the_gguf_blocks_and_meets_the_tolerances(smollm2):
-    from lmlab.core.bench_decode import int4_exactness
+    from lmlab.bench_decode import int4_exactness
 
     model, tok = smollm2
     e = get_engine(model, "int4")

@@ -2,7 +2,7 @@
 
 `lmlab.core.generation.decode(..., engine="fast")` runs on it (the default where the model supports it);
 ``engine="fast-int4"`` uses the int4 weights; ``engine="hf"`` the transformers forward. See `model.py` for the
-design and `lmlab.core.bench_decode` (`lmlab bench decode`) for the measured speed.
+design and `lmlab.bench_decode` (`lmlab bench decode`) for the measured speed.
 """
 
 from lmlab.core.engine.model import (

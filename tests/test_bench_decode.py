@@ -14,14 +14,14 @@ TINY = ["--model", "tiny-llama", "--prompts", "1", "--prompt-tokens", "12", "--n
 
 
 def _bench(**kw):
-    from lmlab.core.bench_decode import bench_decode
+    from lmlab.bench_decode import bench_decode
 
     args = dict(n_prompts=1, prompt_tokens=12, new_tokens=4, rounds=2, threads=1, log=lambda m: None)
     return bench_decode("tiny-llama", **{**args, **kw})
 
 
 def test_bench_decode_report_on_tiny_model(tmp_path):
-    from lmlab.core.bench_decode import format_report, write_report
+    from lmlab.bench_decode import format_report, write_report
 
     report = _bench()
     assert set(report["results"]) == {"lmlab-int4", "lmlab-fp32", "hf-fp32", "hf-fp32-static", "hf-bf16"}
@@ -53,7 +53,7 @@ def test_bench_decode_report_on_tiny_model(tmp_path):
 
 
 def test_contention_is_measured_and_flags_the_run(monkeypatch):
-    import lmlab.core.bench_decode as bd
+    import lmlab.bench_decode as bd
 
     monkeypatch.setattr(bd.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     monkeypatch.setattr(bd, "_cpu_busy_s", bd._own_cpu_s)  # nothing but this process ran: quiet
@@ -93,7 +93,7 @@ def test_cli_bench_out_is_a_folder_written_atomically(tmp_path, capsys):
 
 
 def test_cli_bench_rejects_a_bad_out_before_running(tmp_path, capsys, monkeypatch):
-    import lmlab.core.bench_decode as bd
+    import lmlab.bench_decode as bd
 
     def never(*a, **k):
         raise AssertionError("the bench ran although --out was bad")
