@@ -53,6 +53,10 @@ METHOD_INDEX: tuple[str, ...] = (
     "efficiency/shadowkv",
     "analysis/fractal_text",
     "analysis/model_independence",
+    "alignment/graphfilter",
+    "alignment/implicit_prm",
+    "alignment/alignment_potential",
+    "analysis/state_tracking",
 )
 
 _ID_RE = re.compile(r"^[a-z][a-z0-9_]*[a-z0-9]$")

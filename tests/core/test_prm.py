@@ -120,3 +120,22 @@ def test_counting_prm_and_threshold_accuracy():
     assert isinstance(prm, PRM)
     assert threshold_accuracy(prm, "q", ["good", "bad", "good"], [1, 0, 0], t=0.75) == pytest.approx(2 / 3)
     assert prm.calls == 1 and prm.steps_scored == 3 and prm.flops == 0.0
+
+
+def test_core_names_no_method():
+    """The core knows no method: no core module imports or names a method package (methods register with the core,
+    e.g. a saved-PRM scheme through `register_prm_loader`)."""
+    pattern = re.compile(r"lmlab\.methods\.\w+\.\w+|from\s+lmlab\.methods\b|import\s+lmlab\.methods\b")
+    offenders = {name: pattern.findall(text) for name, text in _core_sources().items() if pattern.search(text)}
+    assert not offenders, offenders
+
+
+def test_saved_prm_schemes_are_registered_by_methods():
+    from lmlab.core.prm import is_prm_spec, load_prm, register_prm_loader
+
+    assert is_prm_spec("implicit:/some/dir")  # registered by the implicit_prm package
+    assert not is_prm_spec("noisy") and not is_prm_spec("nosuch:/dir") and not is_prm_spec("implicit:")
+    with pytest.raises(ValueError, match="nosuch:/dir"):
+        load_prm("nosuch:/dir")
+    with pytest.raises(ValueError, match="already registered"):
+        register_prm_loader("implicit", "elsewhere:loader")

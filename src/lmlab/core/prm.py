@@ -8,13 +8,18 @@ cost; `threshold_accuracy` reads a PRM as a step classifier.
 
 The core knows no task: PRMs for a given task live with that task (the decoding area's are in
 `lmlab.methods.decoding`).
+
+Saved PRMs are named ``"scheme:ARG"`` on a method's command line (``--set prm=implicit:DIR``): `is_prm_spec` tells
+such a name from a method's own PRM names, and `load_prm` loads it through the loader a method registered for the
+scheme (`register_prm_loader`), so a method accepts every saved PRM kind without importing it.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -48,3 +53,45 @@ def threshold_accuracy(
     if not scores:
         return math.nan
     return float(np.mean([(s >= t) == bool(label) for s, label in zip(scores, labels)]))
+
+
+# scheme -> "module:function" taking the part after "scheme:" (a folder) and returning a PRM. The core names no
+# method: a method that saves PRMs registers its scheme from its package `__init__` (`register_prm_loader`), and the
+# registry imports every method package before a scheme is looked up.
+PRM_LOADERS: dict[str, str] = {}
+
+
+def register_prm_loader(scheme: str, loader: str) -> None:
+    """Make ``"scheme:ARG"`` a PRM name: `loader` is a lazy ``"module:function"`` called as ``function(ARG, **kw)``."""
+    if not scheme.isidentifier() or ":" not in loader:
+        raise ValueError(f"a PRM loader is registered as (identifier, 'module:function'), got ({scheme!r}, {loader!r})")
+    if PRM_LOADERS.get(scheme, loader) != loader:
+        raise ValueError(f"PRM scheme {scheme!r} is already registered to {PRM_LOADERS[scheme]!r}")
+    PRM_LOADERS[scheme] = loader
+
+
+def _loaders() -> Mapping[str, str]:
+    from lmlab.registry import list_methods
+
+    list_methods()  # imports every method package, which registers its PRM schemes
+    return PRM_LOADERS
+
+
+def is_prm_spec(name: object) -> bool:
+    """Whether `name` is a saved-PRM name ``"scheme:ARG"`` with a known scheme (e.g. ``"implicit:runs/prm"``)."""
+    if not isinstance(name, str) or ":" not in name:
+        return False
+    scheme, _, arg = name.partition(":")
+    return scheme in _loaders() and bool(arg)
+
+
+def load_prm(spec: str, **kwargs: Any) -> PRM:
+    """Load the PRM named ``"scheme:ARG"`` (see `register_prm_loader`); `kwargs` go to the loader."""
+    loaders = _loaders()
+    scheme, _, arg = str(spec).partition(":")
+    if scheme not in loaders or not arg:
+        raise ValueError(
+            f"a saved PRM is named 'scheme:ARG' with scheme one of {', '.join(loaders) or '(none)'}, got {spec!r}"
+        )
+    module, _, attr = loaders[scheme].partition(":")
+    return getattr(importlib.import_module(module), attr)(arg, **kwargs)

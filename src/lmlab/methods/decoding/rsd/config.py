@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lmlab.config import BaseConfig, check_range, param
+from lmlab.core.prm import is_prm_spec
 
 PRMS = ("noisy", "probe", "oracle")
 FORMATS = ("auto", "chat", "fewshot")
@@ -20,7 +21,8 @@ class RSDConfig(BaseConfig):
         target_model (`str`, defaults to ``"gemma3-270m"``): the target model (paper: Qwen2.5-Math-7B-Instruct).
         threshold (`float`, defaults to 0.7): delta of the headline threshold rule (official ``prm_threshold``).
         thresholds (`list[float]`, defaults to ``[0.3, 0.5, 0.7, 0.9]``): the delta sweep (delta is PRM-specific).
-        prm (`str`, defaults to ``"noisy"``): the headline PRM: `NoisyOraclePRM` (eps = `prm_eps`).
+        prm (`str`, defaults to ``"noisy"``): the headline PRM: `NoisyOraclePRM` (eps = `prm_eps`), or a saved PRM
+            ``"implicit:DIR"`` (`lmlab.core.prm.load_prm`; added to `prms` when missing).
         prms (`list[str]`): PRMs run, each at every threshold: ``noisy``, ``probe`` (MiniLM logistic probe trained
             on the train split) and ``oracle`` (flagged ``oracle_prm``).
         prm_eps (`float`, defaults to 0.15): label-flip rate of the noisy PRM; prm_sigma its Gaussian noise (0.1).
@@ -47,7 +49,11 @@ class RSDConfig(BaseConfig):
     target_model: str = param("gemma3-270m", "target model", paper="Qwen2.5-Math-7B-Instruct (also 72B)")
     threshold: float = param(0.7, "delta of the headline threshold rule omega(r) = 1{r >= delta}", paper="0.7 [code]")
     thresholds: list = param([0.3, 0.5, 0.7, 0.9], "delta sweep (delta is PRM-specific)")
-    prm: str = param("noisy", "headline PRM", paper="Skywork-o1-Open-PRM-Qwen-2.5-1.5B [code]", choices=PRMS)
+    prm: str = param(
+        "noisy",
+        f"headline PRM: {', '.join(PRMS)} or a saved PRM 'implicit:DIR'",
+        paper="Skywork-o1-Open-PRM-Qwen-2.5-1.5B [code]",
+    )
     prms: list = param(["noisy", "probe", "oracle"], "PRMs run at every threshold (oracle results are flagged)")
     prm_eps: float = param(0.15, "label-flip probability of the noisy PRM")
     prm_sigma: float = param(0.1, "Gaussian noise of the noisy PRM")
@@ -77,9 +83,13 @@ class RSDConfig(BaseConfig):
                 raise ValueError(f"thresholds must be numbers >= 0, got {t!r}")
         if not self.prms:
             raise ValueError("prms must list at least one PRM, got []")
+        if self.prm not in PRMS and not is_prm_spec(self.prm):
+            raise ValueError(f"prm must be one of {', '.join(PRMS)} or 'implicit:DIR', got {self.prm!r}")
+        if is_prm_spec(self.prm) and self.prm not in self.prms:
+            self.prms = [*self.prms, self.prm]
         for p in self.prms:
-            if p not in PRMS:
-                raise ValueError(f"prms entries must be one of {', '.join(PRMS)}, got {p!r}")
+            if p not in PRMS and not is_prm_spec(p):
+                raise ValueError(f"prms entries must be one of {', '.join(PRMS)} or 'implicit:DIR', got {p!r}")
         if self.prm not in self.prms:
             raise ValueError(f"prm {self.prm!r} must be one of prms {self.prms!r}")
         check_range("prm_eps", self.prm_eps, 0.0, 1.0)

@@ -58,8 +58,11 @@ def _fmt_delta(delta: float) -> str:
 
 
 def _make_prm(name: str, cfg: Any) -> Any:
+    from lmlab.core.prm import is_prm_spec, load_prm
     from lmlab.methods.decoding.capitals import NoisyOraclePRM, OracleFactPRM, ProbePRM
 
+    if is_prm_spec(name):  # a saved PRM, e.g. implicit:DIR (lmlab.core.prm.register_prm_loader)
+        return load_prm(name, device=cfg.device, dtype=cfg.dtype)
     if name == "noisy":
         return NoisyOraclePRM(cfg.prm_eps, cfg.prm_sigma, seed=cfg.seed)
     if name == "oracle":

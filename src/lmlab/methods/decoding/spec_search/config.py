@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lmlab.config import BaseConfig, check_range, param
+from lmlab.core.prm import is_prm_spec
 from lmlab.methods.decoding.spec_search.method import AGGREGATES, ESTIMATORS
 
 PRM_NAMES = ("noisy", "probe", "oracle")
@@ -38,7 +39,10 @@ class SpecSearchConfig(BaseConfig):
         aggregate (`str`, defaults to ``"mean"``): path value from step scores, for beam selection and the answer.
         fixed_threshold (`float`, defaults to 0.5): the fixed-threshold ablation (the midpoint of the PRM's range).
         prms (`list[str]`, defaults to ``["noisy", "probe"]``): PRMs to run the headline check with (the first is the
-            headline); ``"oracle"`` adds the oracle upper bound (flagged ``oracle_prm``).
+            headline); ``"oracle"`` adds the oracle upper bound (flagged ``oracle_prm``); a saved PRM is named
+            ``"implicit:DIR"`` (`lmlab.core.prm.load_prm`).
+        prm (`str`, *optional*): the headline PRM, put first in `prms` (``--set prm=implicit:DIR``); None keeps
+            `prms` as given.
         noisy_eps, noisy_sigma: `NoisyOraclePRM` label-flip probability and noise.
         ablations (`bool`, defaults to `True`): run accept-every-draft, fixed-threshold and the whole-root cold start
             (``cold_start_all``) with the headline PRM.
@@ -77,6 +81,7 @@ class SpecSearchConfig(BaseConfig):
         0.5, "threshold of the fixed-threshold ablation", paper="fixed threshold (value not found)"
     )
     prms: list = param(["noisy", "probe"], "PRMs for the headline check (first = headline); 'oracle' adds the bound")
+    prm: str | None = param(None, "headline PRM, put first in prms (e.g. a saved PRM 'implicit:DIR'); None: prms[0]")
     noisy_eps: float = param(0.15, "NoisyOraclePRM label-flip probability")
     noisy_sigma: float = param(0.1, "NoisyOraclePRM noise std")
     ablations: bool = param(True, "run accept-every-draft, fixed-threshold and whole-root cold start (headline PRM)")
@@ -109,10 +114,14 @@ class SpecSearchConfig(BaseConfig):
         check_range("comparable_margin", self.comparable_margin, 0.0, 1.0)
         check_range("speedup_target", self.speedup_target, 0.0, open_lo=True)
         check_range("projected_ratio", self.projected_ratio, 0.0, open_lo=True)
+        if self.prm is not None:
+            if self.prm not in PRM_NAMES and not is_prm_spec(self.prm):
+                raise ValueError(f"prm must be one of {', '.join(PRM_NAMES)} or 'implicit:DIR', got {self.prm!r}")
+            self.prms = [self.prm, *[p for p in self.prms if p != self.prm]]
         if not self.prms:
             raise ValueError("prms must name at least one PRM (noisy, probe, oracle), got []")
         for p in self.prms:
-            if p not in PRM_NAMES:
-                raise ValueError(f"prms entries must be one of {', '.join(PRM_NAMES)}, got {p!r}")
+            if p not in PRM_NAMES and not is_prm_spec(p):
+                raise ValueError(f"prms entries must be one of {', '.join(PRM_NAMES)} or 'implicit:DIR', got {p!r}")
         if len(set(self.prms)) != len(self.prms):
             raise ValueError(f"prms must not repeat a PRM, got {self.prms!r}")

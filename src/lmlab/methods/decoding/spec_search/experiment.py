@@ -87,6 +87,10 @@ def _calibrate(cfg: Any, ctx: Any, role: str, model: Any, tok: Any, fmt_cfg: str
 
 
 def _make_prm(cfg: Any, name: str) -> Any:
+    from lmlab.core.prm import is_prm_spec, load_prm
+
+    if is_prm_spec(name):  # a saved PRM, e.g. implicit:DIR (lmlab.core.prm.register_prm_loader)
+        return load_prm(name, device=cfg.device, dtype=cfg.dtype)
     if name == "noisy":
         return NoisyOraclePRM(cfg.noisy_eps, cfg.noisy_sigma, seed=cfg.seed)
     if name == "probe":

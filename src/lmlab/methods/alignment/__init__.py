@@ -1,0 +1,1 @@
+"""Alignment and data curation methods (preference training, reward models, data selection)."""

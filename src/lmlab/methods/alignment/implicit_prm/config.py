@@ -1,0 +1,83 @@
+"""Configuration of the implicit PRM (Yuan et al., ICML 2025) and its reproduction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmlab.config import BaseConfig, check_range, param
+from lmlab.methods.alignment.implicit_prm.method import AGGREGATES, BALANCES, LOSSES, OUTPUTS
+
+ORM_LOSSES = ("bt",)
+
+
+@dataclass
+class ImplicitPRMConfig(BaseConfig):
+    """Implicit PRM (CE and DPO) against an outcome RM, a Monte Carlo (Math-Shepherd) PRM, majority vote and random.
+
+    Args:
+        beta (`float`, defaults to 0.05): beta of ``r = beta log pi_theta/pi_ref`` (paper about 0.05 [verify]).
+        losses (`list[str]`, defaults to ``["ce", "dpo"]``): implicit-PRM objectives trained (paper: CE, DPO, KTO,
+            NCA); headline (`str`, defaults to ``"ce"``): the one the claims gate on.
+        ce_balance (`str`, defaults to ``"none"``): CE class balancing (``dataset`` / ``instruction``, the paper's
+            balanced variants).
+        aggregate (`str`, defaults to ``"min"``): best-of-N score from step rewards (paper: min [verify]); the
+            ``sum`` (= outcome reward) selection is reported beside it.
+        k (`int`, defaults to 4): trainable top blocks over the frozen, cached trunk (SmolLM2 has 30).
+        epochs, lr, batch_size: training of every reward model (same budget for the method and its baselines).
+        n_train (`int`, defaults to 100): training problems; n_responses (`int`, defaults to 4): solver responses
+            each, with outcome labels only (paper: UltraInteract, 8 rollouts per instruction).
+        n_eval (`int`, defaults to 40): held-out problems; n_candidates (`int`, defaults to 8): best-of-N's N.
+        error_rate (`float`, defaults to 0.3): probability that the noisy solver writes a wrong result at a step.
+        min_ops, max_ops (`int`, defaults to 3 and 4): operations per problem (one step each, then the answer).
+        mc_rollouts (`int`, defaults to 4): Math-Shepherd completions per step prefix (the explicit-PRM baseline).
+        orm_loss (`str`, defaults to ``"bt"``): the outcome RM's objective: Bradley-Terry on correct x incorrect
+            pairs of a question (`lmlab.core.preference.bradley_terry_loss`).
+        output (`str`, defaults to ``"value"``): what the saved PRM's ``score`` returns for rsd / spec_search:
+            ``sigmoid(q_s)`` (``value``) or ``sigmoid(r_s)`` (``step``).
+        save_dir (`str`, *optional*): save the headline implicit PRM there (use it with ``--set prm=implicit:DIR``).
+    """
+
+    beta: float = param(0.05, "beta of r = beta * log(pi_theta / pi_ref)", paper="about 0.05 [verify]")
+    losses: list = param(["ce", "dpo"], "implicit-PRM objectives trained", paper="CE, DPO, KTO, NCA")
+    headline: str = param("ce", "implicit-PRM objective the claims gate on", choices=LOSSES)
+    ce_balance: str = param(
+        "none", "CE class balancing", paper="dataset-wise and instruction-wise balanced variants", choices=BALANCES
+    )
+    aggregate: str = param("min", "best-of-N score from step rewards", paper="min over steps [verify]",
+                           choices=AGGREGATES)  # fmt: skip
+    k: int = param(4, "trainable top blocks (frozen, cached trunk below)", paper="full fine-tuning of Llama-3.1-8B")
+    epochs: int = param(2, "training epochs of every reward model (same for method and baselines)")
+    lr: float = param(1e-4, "AdamW learning rate of every reward model (same for method and baselines)")
+    batch_size: int = param(16, "responses per training / scoring batch (whole questions)")
+    n_train: int = param(100, "training problems", paper="UltraInteract math instructions")
+    n_responses: int = param(4, "solver responses per training problem (outcome labels)", paper="8 rollouts")
+    n_eval: int = param(40, "held-out problems", paper="MATH-500")
+    n_candidates: int = param(8, "best-of-N candidates per held-out problem", paper="N = 4, 16, 64")
+    error_rate: float = param(0.3, "probability of a wrong result at each solver step (errors propagate)")
+    min_ops: int = param(3, "fewest operations per problem")
+    max_ops: int = param(4, "most operations per problem")
+    mc_rollouts: int = param(4, "Math-Shepherd completions per step prefix (explicit-PRM baseline)",
+                             paper="N = 8 completions (Math-Shepherd) [verify]")  # fmt: skip
+    orm_loss: str = param("bt", "outcome RM objective: Bradley-Terry on within-question pairs", choices=ORM_LOSSES)
+    output: str = param("value", "saved PRM's score(): sigmoid(q_s) ('value') or sigmoid(r_s) ('step')",
+                        choices=OUTPUTS)  # fmt: skip
+    save_dir: str | None = param(None, "save the headline implicit PRM in this folder (None: do not save)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_range("beta", self.beta, 0.0, open_lo=True)
+        if not self.losses or any(x not in LOSSES for x in self.losses) or len(set(self.losses)) != len(self.losses):
+            raise ValueError(f"losses must be distinct entries of {', '.join(LOSSES)}, got {self.losses!r}")
+        if self.headline not in self.losses:
+            raise ValueError(f"headline {self.headline!r} must be one of losses {self.losses!r}")
+        check_range("k", self.k, 1)
+        check_range("epochs", self.epochs, 1)
+        check_range("lr", self.lr, 0.0, open_lo=True)
+        check_range("n_train", self.n_train, 1)
+        check_range("n_responses", self.n_responses, 2)
+        check_range("n_eval", self.n_eval, 1)
+        check_range("n_candidates", self.n_candidates, 2)
+        check_range("error_rate", self.error_rate, 0.0, 1.0)
+        check_range("min_ops", self.min_ops, 2)
+        check_range("max_ops", self.max_ops, self.min_ops)
+        check_range("mc_rollouts", self.mc_rollouts, 1)

@@ -1,0 +1,339 @@
+"""Reproduction: implicit PRM (CE, DPO) vs outcome RM, Monte Carlo PRM, majority vote and random on arithmetic chains.
+
+Paper claim (Yuan et al., ICML 2025): an ORM parameterised as ``beta log pi_theta/pi_ref`` and trained on
+response-level labels only is a PRM for free; in best-of-N it beats a Math-Shepherd PRM trained on Monte Carlo step
+labels while its training data costs < 1/38 as much.
+
+1. Data (`task.py`): seeded arithmetic chains ("Start with 7. Add 5. Multiply by 3. ..."), one line per operation
+   and an answer line; a noisy programmatic solver writes each line wrong with probability `error_rate` (off by
+   one / ten, wrong operator; errors propagate), so outcome labels and the first wrong step are exact. Training:
+   `n_train` problems x `n_responses` responses, outcome labels only. Held out: `n_eval` problems x `n_candidates`.
+2. Reward models, all on `model` with the same frozen trunk (cached once), trainable top `k` blocks, epochs, lr and
+   batches: the implicit PRM with each objective in `losses` (CE, DPO); an outcome RM (scalar head, Bradley-Terry
+   on within-question correct x incorrect pairs: the same pairs as DPO, the same labels as CE); a Math-Shepherd PRM
+   (scalar head, per-step BCE on hard Monte Carlo labels from `mc_rollouts` solver completions per step prefix).
+3. Metrics per held-out problem (the independent unit): best-of-N accuracy (expected under uniform tie-breaking) of
+   every reward model, majority vote, random pick and the pass@N oracle; per wrong candidate (clustered by
+   problem): first-error localisation (argmin step reward = the true first wrong step) against the chance rate
+   1 / (operation steps); the training-data cost (rollouts and generated tokens per training response).
+
+Claim checks: gated: bon_acc(implicit headline) > majority vote; > MC PRM (the paper's headline; "inconclusive"
+is an acceptable outcome at this size); first_error_acc(implicit headline) > chance. Reported: vs the outcome RM,
+the other objective, majority vote vs random, MC PRM localisation. Mechanism checks: the step rewards sum to the
+outcome reward; the MC PRM needs more rollouts per training response.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from lmlab.core.partial import FrozenTrunk
+from lmlab.core.plotting import bar_with_ci, title_for
+from lmlab.core.seeding import derive_seed
+from lmlab.methods.alignment.implicit_prm.method import (
+    ImplicitPRM,
+    aggregate,
+    best_of_n_accuracy,
+    first_error_hit,
+    prefix_values,
+    prepare,
+    response_logps,
+    step_rewards_of,
+    train_implicit,
+    train_value_model,
+    vote_accuracy,
+)
+from lmlab.methods.alignment.implicit_prm.task import candidates_for, make_problems, mc_step_labels
+from lmlab.results import Claim
+
+TEMPLATE = "{question}\n"
+DELIMITER = "\n"
+SUM_TOL = 1e-4  # |sum of step rewards - outcome reward| (float32 cumulative sums of ~50 log-ratios times beta)
+
+
+def _cap(n: int, limit: int | None) -> int:
+    return n if limit is None else min(n, limit)
+
+
+def _rows(problems: list, n: int, p: float, rng: random.Random) -> list[tuple[Any, Any]]:
+    """(problem, candidate) rows, the candidates of one problem consecutive."""
+    return [(pr, c) for pr in problems for c in candidates_for(pr, n, p, rng)]
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+@torch.no_grad()
+def _implicit_scores(policy: Any, batches: list, beta: float, n: int) -> tuple[list, list]:
+    """Per eval row: the step rewards (n_steps,) and the outcome reward beta * (log pi - log pi_ref)."""
+    steps: list = [None] * n
+    outcome: list = [None] * n
+    for pb in batches:
+        pol = response_logps(policy, pb.cache, pb.enc)
+        rewards = step_rewards_of(pol, pb.ref, pb.enc, beta)
+        out = beta * (pol.sum - pb.ref.sum)
+        for j, row in enumerate(pb.rows):
+            steps[row] = [float(v) for v in rewards[j]]
+            outcome[row] = float(out[j])
+    return steps, outcome
+
+
+@torch.no_grad()
+def _value_scores(vm: Any, batches: list, n: int) -> list:
+    """Per eval row: ``[v(prompt), v(step 1), ..., v(answer)]``."""
+    vals: list = [None] * n
+    for pb in batches:
+        for j, v in zip(pb.rows, prefix_values(vm(pb.cache), pb.enc), strict=True):
+            vals[j] = [float(x) for x in v]
+    return vals
+
+
+def run(cfg: Any, ctx: Any) -> Any:
+    model, tok = ctx.load_model()
+    trunk = FrozenTrunk(model, cfg.k)  # one-line ValueError for k > blocks or a non-decoder architecture
+
+    # -- 1. data ----------------------------------------------------------------------------------------------------
+    kw = dict(min_ops=cfg.min_ops, max_ops=cfg.max_ops)
+    train_probs = make_problems(_cap(cfg.n_train, cfg.limit), cfg.seed, "train", **kw)
+    eval_probs = make_problems(_cap(cfg.n_eval, cfg.limit), cfg.seed, "test", **kw)
+    for split, probs, per in (("train", train_probs, cfg.n_responses), ("test", eval_probs, cfg.n_candidates)):
+        ctx.data_info[f"arith_chain/{split}"] = {"n": len(probs), "seed": cfg.seed, "responses": per, "kwargs": kw}
+    train = _rows(
+        train_probs, cfg.n_responses, cfg.error_rate, random.Random(derive_seed(cfg.seed, "solver", "train"))
+    )
+    evals = _rows(eval_probs, cfg.n_candidates, cfg.error_rate, random.Random(derive_seed(cfg.seed, "solver", "test")))
+    labels = [float(c.correct) for _, c in train]
+    groups = [pr.id for pr, _ in train]
+
+    def n_tokens(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    # Math-Shepherd labels: m completions from each step prefix (the explicit PRM's extra data cost)
+    mc_rng = random.Random(derive_seed(cfg.seed, "solver", "mc"))
+    mc_labels, mc_rollouts, mc_tokens = [], [], []
+    for pr, c in train:
+        lab, n_roll, n_tok = mc_step_labels(pr, c, cfg.mc_rollouts, cfg.error_rate, mc_rng, n_tokens)
+        mc_labels.append(lab)
+        mc_rollouts.append(n_roll)
+        mc_tokens.append(n_tok)
+    gold = [float(ok) for _, c in train for ok in c.step_ok]
+    mc_ops = [x for lab, (_, c) in zip(mc_labels, train, strict=True) for x in lab[: c.n_ops]]
+    mc_acc = float(np.mean([a == b for a, b in zip(mc_ops, gold, strict=True)]))
+    ctx.record_value("mc_prm", "mc_label_accuracy", mc_acc,
+                     note="Monte Carlo step labels vs the exact prefix labels, operation steps")  # fmt: skip
+
+    # -- 2. the frozen trunk, once for every reward model ------------------------------------------------------------
+    def prep(rows: list) -> list:
+        prompts = [TEMPLATE.format(question=pr.prompt) for pr, _ in rows]
+        steps = [list(c.steps) for _, c in rows]
+        ids = [pr.id for pr, _ in rows]
+        return prepare(trunk, tok, prompts, steps, delimiter=DELIMITER, batch_size=cfg.batch_size, groups=ids)
+
+    train_b = prep(train)
+    eval_b = prep(evals)
+    resp_tokens = [0] * len(train)
+    for pb in train_b:
+        for j, row in enumerate(pb.rows):
+            resp_tokens[row] = int(pb.enc.batch.response_mask[j].sum())
+
+    systems: dict[str, dict[str, Any]] = {}  # name -> {"bon": per-row score, "drops": per-row step drops}
+    train_rows: list[dict[str, Any]] = []
+    stages = [*(f"implicit_prm_{x}" for x in cfg.losses), "orm", "mc_prm"]
+    headline = f"implicit_prm_{cfg.headline}"
+    policies: dict[str, Any] = {}
+    sum_gaps: list[float] = []
+    for name in ctx.progress(stages, "reward models"):
+        seed = derive_seed(cfg.seed, "train", name)
+        if name.startswith("implicit_prm_"):
+            loss = name.removeprefix("implicit_prm_")
+            policy, log = train_implicit(trunk, train_b, labels, groups, loss=loss, beta=cfg.beta, epochs=cfg.epochs,
+                                         lr=cfg.lr, balance=cfg.ce_balance, seed=seed)  # fmt: skip
+            policies[name] = policy
+            steps, outcome = _implicit_scores(policy, eval_b, cfg.beta, len(evals))
+            if name == headline:
+                sum_gaps = [abs(math.fsum(s) - o) for s, o in zip(steps, outcome, strict=True)]
+            systems[name] = {
+                "steps": steps,
+                "bon": [aggregate(s, cfg.aggregate) for s in steps],
+                "drops": [s[: c.n_ops] for s, (_, c) in zip(steps, evals, strict=True)],
+            }
+        else:
+            if name == "orm":
+                vm, log = train_value_model(trunk, train_b, objective="bt", labels=labels, groups=groups,
+                                            epochs=cfg.epochs, lr=cfg.lr, seed=seed)  # fmt: skip
+            else:
+                vm, log = train_value_model(trunk, train_b, objective="steps", step_labels=mc_labels,
+                                            epochs=cfg.epochs, lr=cfg.lr, seed=seed)  # fmt: skip
+            vals = _value_scores(vm, eval_b, len(evals))
+            # the outcome RM scores the whole response; Math-Shepherd's PRM its weakest step (min of P(step good))
+            bon = [v[-1] for v in vals] if name == "orm" else [min(v[1:]) for v in vals]
+            # localisation by the drop of the prefix value at each operation step (v_0 = the prompt's value)
+            drops = [list(np.diff(v)[: c.n_ops]) for v, (_, c) in zip(vals, evals, strict=True)]
+            systems[name] = {"bon": bon, "drops": drops}
+        train_rows.append({
+            "system": name,
+            "optimizer_steps": len(log.losses),
+            "skipped_batches": log.skipped,
+            "first_loss": round(log.losses[0], 4) if log.losses else None,
+            "last_loss": round(log.losses[-1], 4) if log.losses else None,
+        })  # fmt: skip
+    ctx.table("training", train_rows)
+
+    # -- 3. metrics per held-out problem ----------------------------------------------------------------------------
+    by_problem: dict[str, list[int]] = {}
+    for i, (pr, _) in enumerate(evals):
+        by_problem.setdefault(pr.id, []).append(i)
+    pids = list(by_problem)
+
+    def per_problem(fn: Any) -> list[float]:
+        return [fn(by_problem[p]) for p in pids]
+
+    def correct(idx: list[int]) -> list[bool]:
+        return [evals[i][1].correct for i in idx]
+
+    def answers(idx: list[int]) -> list[int]:
+        return [evals[i][1].answer for i in idx]
+
+    bon_systems: dict[str, list[float]] = {}
+    for name, s in systems.items():
+        bon_systems[name] = per_problem(lambda idx, s=s: best_of_n_accuracy([s["bon"][i] for i in idx], correct(idx)))
+        if "steps" in s:  # other aggregations and the paper's weighted vote, reported
+            for how in ("min", "sum"):
+                if how != cfg.aggregate:
+                    bon_systems[f"{name}_{how}"] = per_problem(
+                        lambda idx, s=s, how=how: best_of_n_accuracy(
+                            [aggregate(s["steps"][i], how) for i in idx], correct(idx)
+                        )
+                    )
+            bon_systems[f"{name}_wmv"] = per_problem(
+                lambda idx, s=s: vote_accuracy(answers(idx), correct(idx), [_sigmoid(s["bon"][i]) for i in idx])
+            )
+    bon_systems["majority_vote"] = per_problem(lambda idx: vote_accuracy(answers(idx), correct(idx)))
+    bon_systems["random"] = per_problem(lambda idx: float(np.mean(correct(idx))))
+    bon_systems["oracle_pass_at_n"] = per_problem(lambda idx: float(any(correct(idx))))
+    for name, vals in bon_systems.items():
+        note = {"oracle_pass_at_n": "upper bound: any candidate correct", "random": "expected accuracy"}.get(name, "")
+        ctx.record(name, "bon_acc", vals, note=note or f"best-of-{cfg.n_candidates}, ties broken uniformly")
+
+    # first-error localisation on wrong candidates, clustered by problem
+    wrong = [i for i, (_, c) in enumerate(evals) if c.first_error is not None]
+    if wrong:
+        clusters = [evals[i][0].id for i in wrong]
+        for name in systems:
+            hits = [first_error_hit(systems[name]["drops"][i], evals[i][1].first_error) for i in wrong]
+            ctx.record(name, "first_error_acc", hits, clusters=clusters, note="argmin step reward = first wrong step")
+        ctx.record("chance", "first_error_acc", [1.0 / evals[i][1].n_ops for i in wrong], clusters=clusters,
+                   note="uniform guess among the candidate's operation steps")  # fmt: skip
+
+    # the invariant, on every held-out candidate, and the data cost per training response
+    cand_clusters = [pr.id for pr, _ in evals]
+    ctx.record(headline, "sum_gap", sum_gaps, clusters=cand_clusters, note="|sum_s r_s - r(y)|")
+    ctx.record("tolerance", "sum_gap", [SUM_TOL] * len(sum_gaps), clusters=cand_clusters)
+    train_clusters = groups
+    rollouts = {"implicit": [1.0] * len(train), "mc_prm": [1.0 + r for r in mc_rollouts]}
+    tokens = {"implicit": [float(t) for t in resp_tokens], "mc_prm": [t + m for t, m in zip(resp_tokens, mc_tokens)]}
+    for name in [*(f"implicit_prm_{x}" for x in cfg.losses), "orm", "mc_prm"]:
+        key = "mc_prm" if name == "mc_prm" else "implicit"
+        ctx.record(name, "rollouts_per_response", rollouts[key], clusters=train_clusters,
+                   note="generated sequences per training response (Monte Carlo completions included)")  # fmt: skip
+        ctx.record(name, "tokens_per_response", tokens[key], clusters=train_clusters, unit="tokens")
+    ratio_r = float(np.sum(rollouts["mc_prm"]) / np.sum(rollouts["implicit"]))
+    ratio_t = float(np.sum(tokens["mc_prm"]) / max(1.0, np.sum(tokens["implicit"])))
+    ctx.record_value("mc_prm", "rollout_cost_ratio", ratio_r, note="MC PRM / implicit PRM training rollouts")
+    ctx.record_value("mc_prm", "token_cost_ratio", ratio_t, note="MC PRM / implicit PRM generated training tokens")
+    ctx.table("data_cost", [
+        {"system": "implicit_prm / orm", "rollouts": len(train), "generated_tokens": int(np.sum(tokens["implicit"]))},
+        {"system": "mc_prm", "rollouts": int(np.sum(rollouts["mc_prm"])),
+         "generated_tokens": int(np.sum(tokens["mc_prm"])), "ratio_rollouts": round(ratio_r, 2),
+         "ratio_tokens": round(ratio_t, 2)},
+    ])  # fmt: skip
+    ctx.record_value("data", "train_correct_rate", float(np.mean(labels)) if labels else 0.0)
+    ctx.record_value("data", "eval_correct_rate", float(np.mean([c.correct for _, c in evals])))
+
+    if cfg.save_dir:
+        prm = ImplicitPRM(model, tok, policies[headline], beta=cfg.beta, delimiter=DELIMITER, template=TEMPLATE,
+                          output=cfg.output, base_model=cfg.model, trunk=trunk)  # fmt: skip
+        ctx.note(f"Saved the headline implicit PRM ({cfg.headline}) to {prm.save(cfg.save_dir)}; use it with "
+                 f"`lmlab run rsd --set prm=implicit:{cfg.save_dir}`.")  # fmt: skip
+
+    # samples: one per held-out problem
+    ctx.add_samples(
+        {
+            "id": p,
+            "question": evals[by_problem[p][0]][0].prompt,
+            "target": evals[by_problem[p][0]][0].target,
+            "candidates": [
+                {
+                    "steps": list(evals[i][1].steps),
+                    "correct": evals[i][1].correct,
+                    "first_error": evals[i][1].first_error,
+                    **{f"{n}.score": round(float(s["bon"][i]), 5) for n, s in systems.items()},
+                    **({"step_rewards": [round(x, 5) for x in systems[headline]["steps"][i]]}),
+                }
+                for i in by_problem[p]
+            ],
+        }
+        for p in pids
+    )
+
+    # figures
+    n = len(pids)
+    order = [
+        *(f"implicit_prm_{x}" for x in cfg.losses),
+        "orm",
+        "mc_prm",
+        "majority_vote",
+        "random",
+        "oracle_pass_at_n",
+    ]
+    rows = [r for s in order for r in ctx.metrics if r.system == s and r.metric == "bon_acc"]
+    ctx.add_figure("bon_acc", bar_with_ci(rows, title=title_for("implicit_prm", cfg.model, cfg.seed, n,
+                   f"best-of-{cfg.n_candidates} accuracy"), ylabel="accuracy", highlight=[headline]))  # fmt: skip
+    if wrong:
+        rows = [r for r in ctx.metrics if r.metric == "first_error_acc"]
+        ctx.add_figure("first_error_acc", bar_with_ci(rows, title=title_for("implicit_prm", cfg.model, cfg.seed, n,
+                       "first-error localisation"), ylabel="accuracy", highlight=[headline]))  # fmt: skip
+
+    ctx.note(
+        f"Task: arithmetic chains ({cfg.min_ops}-{cfg.max_ops} operations), noisy programmatic solver with per-step "
+        f"error rate {cfg.error_rate:g}; {len(train_probs)} x {cfg.n_responses} training responses with outcome "
+        f"labels only; {len(eval_probs)} x {cfg.n_candidates} held-out candidates. Every reward model trains the top "
+        f"{cfg.k} blocks of {cfg.model} over one cached frozen trunk, {cfg.epochs} epochs at lr {cfg.lr:g}. "
+        f"Implicit PRM: beta {cfg.beta:g}, best-of-N by the {cfg.aggregate} of its step rewards. MC PRM data costs "
+        f"{ratio_r:.1f}x the rollouts and {ratio_t:.1f}x the generated tokens of the implicit PRM's."
+    )
+
+    # -- 4. claims --------------------------------------------------------------------------------------------------
+    claims = [
+        Claim("bon_acc", headline, "majority_vote", ">",
+              text=f"best-of-{cfg.n_candidates}: the implicit PRM ({cfg.headline}) beats majority vote"),
+        Claim("bon_acc", headline, "mc_prm", ">",
+              text="best-of-N: the implicit PRM beats the Math-Shepherd PRM trained on Monte Carlo step labels "
+                   "(paper: >=; inconclusive is acceptable)"),
+        Claim("bon_acc", headline, "orm", ">", gate=False,
+              text="best-of-N: the implicit PRM vs the Bradley-Terry outcome RM on the same labels (reported)"),
+        Claim("bon_acc", "majority_vote", "random", ">", gate=False, text="majority vote beats a random pick"),
+        Claim("sum_gap", headline, "tolerance", "<", mechanism=True,
+              text=f"the step rewards sum to the outcome reward (|gap| < {SUM_TOL:g})"),
+        Claim("rollouts_per_response", "mc_prm", headline, ">", mechanism=True,
+              text=f"the MC PRM's data needs more rollouts per training response ({ratio_r:.1f}x)"),
+    ]  # fmt: skip
+    for x in cfg.losses:
+        if x != cfg.headline:
+            claims.append(Claim("bon_acc", f"implicit_prm_{x}", "majority_vote", ">", gate=False,
+                                text=f"best-of-N: the implicit PRM ({x}) beats majority vote (reported)"))  # fmt: skip
+    if wrong:
+        claims += [
+            Claim("first_error_acc", headline, "chance", ">",
+                  text="the implicit PRM's lowest step reward finds the first wrong step above chance, with no step "
+                       "labels"),
+            Claim("first_error_acc", "mc_prm", "chance", ">", gate=False,
+                  text="the MC PRM's largest value drop finds the first wrong step above chance (reported)"),
+        ]  # fmt: skip
+    return ctx.finish(claims)

@@ -1,0 +1,282 @@
+"""Invariants of the implicit PRM on the tiny llama: step rewards tile the outcome log-ratio, training signs, the
+task's exact labels, selection rules, the saved-PRM round trip, and rsd / spec_search running on an implicit PRM."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from lmlab.core.models import load_model
+from lmlab.core.preference import seq_logprobs
+from lmlab.core.prm import PRM, is_prm_spec, load_prm
+from lmlab.methods.alignment.implicit_prm import method as M
+from lmlab.methods.alignment.implicit_prm import task as T
+from lmlab.methods.alignment.implicit_prm.config import ImplicitPRMConfig
+from lmlab.runner import run_method
+
+QS = ["Start with 3. Add 4. Multiply by 2.", "Start with 5. Subtract 1. Add 2."]
+GOOD = [["3+4=7", "7*2=14", "Answer: 14"], ["5-1=4", "4+2=6", "Answer: 6"]]
+BAD = [["3+4=8", "8*2=16", "Answer: 16"], ["5-1=5", "5+2=7", "Answer: 7"]]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny-llama")  # the alias a saved PRM names as its base model
+
+
+def _train(tiny, loss="ce", epochs=1, lr=1e-4, k=1):
+    model, tok = tiny
+    qs = [QS[0], QS[0], QS[1], QS[1]]
+    steps = [GOOD[0], BAD[0], GOOD[1], BAD[1]]
+    labels = [1.0, 0.0, 1.0, 0.0]
+    return M.train_implicit_prm(model, tok, qs, steps, labels, groups=[0, 0, 1, 1], loss=loss, k=k, epochs=epochs,
+                                lr=lr, batch_size=4, base_model="tiny-llama")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(tiny):
+    return _train(tiny, epochs=3, lr=3e-3)
+
+
+# ------------------------------------------------------------------------------------------- the core invariant
+
+
+def test_step_rewards_sum_to_the_outcome_log_ratio_and_match_a_full_forward(tiny, trained):
+    model, tok = tiny
+    policy = trained.merged_policy()
+    for q, steps in [(QS[0], GOOD[0]), (QS[1], BAD[1])]:
+        r = trained.score_steps(q, steps)
+        prompt, response = trained.prompt(q), "\n".join(steps)
+        with torch.no_grad():
+            lp_pol = seq_logprobs(policy, tok, prompt, response).per_token(0)  # full model, all heads
+            lp_ref = seq_logprobs(model, tok, prompt, response).per_token(0)
+        outcome = trained.beta * float(lp_pol.sum() - lp_ref.sum())
+        assert abs(math.fsum(r) - outcome) < 1e-5  # the issue's invariant: sum_s r_s = beta log pi/pi_ref
+        assert abs(outcome) > 1e-3  # trained: the log-ratio is not identically 0
+        # byte tokenizer: one token per character; a step owns its text and the delimiter after it
+        lens = [len(s) + 1 for s in steps[:-1]] + [len(steps[-1])]
+        ends = [sum(lens[: i + 1]) for i in range(len(lens))]
+        starts = [0, *ends[:-1]]
+        expect = [trained.beta * float((lp_pol[a:b] - lp_ref[a:b]).sum()) for a, b in zip(starts, ends)]
+        assert r == pytest.approx(expect, abs=1e-5)
+
+
+def test_untrained_policy_gives_zero_rewards(tiny):
+    # pi_theta is initialised from pi_ref: before training every token log-ratio is 0
+    model, tok = tiny
+    trunk = M.FrozenTrunk(model, 1)
+    prm = M.ImplicitPRM(model, tok, trunk.top_k(), beta=0.05, trunk=trunk)
+    assert prm.score_steps(QS[0], GOOD[0]) == pytest.approx([0.0, 0.0, 0.0], abs=1e-6)
+    assert prm.score(QS[0], GOOD[0]) == pytest.approx([0.5, 0.5, 0.5], abs=1e-6)
+
+
+def test_encode_steps_maps_tokens_to_steps_by_offsets(tiny):
+    _, tok = tiny
+    enc = M.encode_steps(tok, ["Q\n", "Hello\n"], [["ab", "c"], ["x", "yz", "w"]])
+    assert enc.step_ends == [[3, 4], [2, 5, 6]]  # "ab\n" | "c" and "x\n" | "yz\n" | "w"
+    assert enc.prompt_lens == [2, 6]
+    assert [int(n) for n in enc.batch.response_mask.sum(-1)] == [4, 6]
+
+
+# ---------------------------------------------------------------------------------------------------- training
+
+
+@pytest.mark.parametrize("loss", ["ce", "dpo"])
+def test_training_moves_the_outcome_reward_toward_the_labels(tiny, loss):
+    prm = _train(tiny, loss=loss, epochs=4, lr=3e-3)
+    good = [prm.response_score(q, s, "sum") for q, s in zip(QS, GOOD)]
+    bad = [prm.response_score(q, s, "sum") for q, s in zip(QS, BAD)]
+    assert min(good) > max(bad)
+    if loss == "ce":  # CE fits sigmoid(r) to the labels themselves, not only the order
+        assert min(good) > 0 > max(bad)
+
+
+def test_value_model_bt_and_steps_objectives(tiny):
+    model, tok = tiny
+    trunk = M.FrozenTrunk(model, 1)
+    prompts = [QS[0] + "\n", QS[0] + "\n", QS[1] + "\n", QS[1] + "\n"]
+    steps = [GOOD[0], BAD[0], GOOD[1], BAD[1]]
+    batches = M.prepare(trunk, tok, prompts, steps, batch_size=4, groups=[0, 0, 1, 1])
+    labels, groups = [1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1]
+    vm, log = M.train_value_model(trunk, batches, objective="bt", labels=labels, groups=groups, epochs=20, lr=3e-3)
+    assert log.losses[-1] < log.losses[0]
+    with torch.no_grad():
+        final = [v[-1].item() for v in M.prefix_values(vm(batches[0].cache), batches[0].enc)]
+    assert final[0] > final[1] and final[2] > final[3]
+    step_labels = [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
+    vm, log = M.train_value_model(trunk, batches, objective="steps", step_labels=step_labels, epochs=20, lr=3e-3)
+    assert log.losses[-1] < 0.5 * log.losses[0]
+
+
+def test_pairs_stay_within_a_question_and_balance_weights():
+    chosen, rejected = M._pairs([0, 1, 2, 3, 4], [1.0, 0.0, 0.0, 1.0, 0.0], ["a", "a", "a", "b", "b"])
+    assert sorted(zip(chosen, rejected)) == [(0, 1), (0, 2), (3, 4)]
+    w = M.balance_weights([1.0, 0.0, 0.0, 0.0], ["a", "a", "b", "b"], "dataset")
+    assert w == pytest.approx([2.0, 2 / 3, 2 / 3, 2 / 3])  # each class carries half the total weight
+    w = M.balance_weights([1.0, 0.0, 0.0, 0.0], ["a", "a", "b", "b"], "instruction")
+    assert w == pytest.approx([1.0, 1.0, 1.0, 1.0])  # group b has one class only: unchanged
+    assert M.balance_weights([1.0, 0.0], [0, 0], "none") == [1.0, 1.0]
+
+
+def test_dpo_is_skipped_on_batches_without_a_pair(tiny):
+    model, tok = tiny
+    trunk = M.FrozenTrunk(model, 1)
+    batches = M.prepare(trunk, tok, [QS[0], QS[0]], [GOOD[0], GOOD[0]], groups=[0, 0])
+    _, log = M.train_implicit(trunk, batches, [1.0, 1.0], [0, 0], loss="dpo", epochs=2)
+    assert log.losses == [] and log.skipped == 2
+
+
+# --------------------------------------------------------------------------------------------- selection rules
+
+
+def test_best_of_n_and_votes_break_ties_in_expectation():
+    assert M.best_of_n_accuracy([0.1, 0.9, 0.9], [False, True, False]) == 0.5
+    assert M.best_of_n_accuracy([0.1, 0.9, 0.2], [False, True, False]) == 1.0
+    assert M.vote_accuracy([3, 3, 5], [True, True, False]) == 1.0
+    assert M.vote_accuracy([3, 5], [True, False]) == 0.5
+    assert M.vote_accuracy([3, 3, 5], [True, True, False], weights=[0.1, 0.1, 0.9]) == 0.0
+    assert M.first_error_hit([0.1, -2.0, -1.0], 1) == 1.0 and M.first_error_hit([0.1, -2.0, -1.0], 2) == 0.0
+    assert M.aggregate([1.0, -2.0, 0.5], "min") == -2.0 and M.aggregate([1.0, -2.0, 0.5], "sum") == -0.5
+    assert M.aggregate([1.0, -2.0, 0.5], "last") == 0.5
+
+
+# ------------------------------------------------------------------------------------------------------ the task
+
+
+def _check_line(line: str) -> bool:
+    lhs, rhs = line.split("=")
+    for sym, fn in (("*", lambda a, b: a * b), ("+", lambda a, b: a + b)):
+        if sym in lhs:
+            a, b = lhs.split(sym)
+            return fn(int(a), int(b)) == int(rhs)
+    a, b = lhs[1:].split("-", 1) if lhs.startswith("-") else lhs.split("-", 1)
+    a = "-" + a if lhs.startswith("-") else a
+    return int(a) - int(b) == int(rhs)
+
+
+def test_solver_labels_are_exact_and_errors_propagate():
+    probs = T.make_problems(30, 0, "train")
+    rng = random.Random(0)
+    for pr in probs:
+        clean = T.noisy_solution(pr, 0.0, rng)
+        assert clean.correct and clean.first_error is None and all(clean.step_ok)
+        assert clean.answer == int(pr.target) and all(_check_line(s) for s in clean.steps[:-1])
+        for c in T.candidates_for(pr, 4, 0.5, rng):
+            ok = [_check_line(s) for s in c.steps[:-1]]
+            if c.first_error is None:
+                assert all(ok) and c.correct
+            else:  # the first locally wrong line is the first error
+                assert not ok[c.first_error] and all(ok[: c.first_error])
+            for prev, line in zip(c.steps[:-2], c.steps[1:-1]):  # errors propagate: each line starts from the last
+                assert line.startswith(prev.rsplit("=", 1)[1])
+            assert c.steps[-1] == f"Answer: {c.answer}"
+    assert T.noisy_solution(probs[0], 1.0, rng).first_error == 0
+
+
+def test_mc_labels_equal_the_exact_prefix_labels_without_completion_noise():
+    pr = T.make_problems(1, 0, "train")[0]
+    rng = random.Random(1)
+    for _ in range(10):
+        c = T.noisy_solution(pr, 0.5, rng)
+        labels, rollouts, tokens = T.mc_step_labels(pr, c, 3, 0.0, rng, len)
+        assert labels[: c.n_ops] == [float(x) for x in c.step_ok]
+        assert labels[-1] == float(c.correct)
+        assert rollouts == 3 * (c.n_ops - 1) and tokens > 0
+
+
+def test_splits_are_disjoint():
+    train = {e.id for e in T.make_problems(40, 0, "train")}
+    test = {e.id for e in T.make_problems(40, 0, "test")}
+    assert not train & test
+
+
+# ------------------------------------------------------------------------------------- saving and the PRM interface
+
+
+def test_save_load_round_trip_and_core_resolver(trained, tmp_path):
+    assert isinstance(trained, PRM)
+    trained.save(tmp_path / "prm")
+    assert is_prm_spec(f"implicit:{tmp_path / 'prm'}") and not is_prm_spec("noisy") and not is_prm_spec("implicit:")
+    loaded = load_prm(f"implicit:{tmp_path / 'prm'}")
+    assert loaded.score_steps(QS[1], BAD[1]) == pytest.approx(trained.score_steps(QS[1], BAD[1]), abs=1e-6)
+    scores = loaded.score(QS[1], BAD[1])
+    r = trained.score_steps(QS[1], BAD[1])
+    assert scores == pytest.approx([1 / (1 + math.exp(-sum(r[: i + 1]))) for i in range(len(r))], abs=1e-6)
+    assert loaded.calls == 1 and loaded.steps_scored == 3 and loaded.flops > 0
+    step = M.load_implicit_prm(tmp_path / "prm", output="step")
+    assert step.score(QS[1], BAD[1]) == pytest.approx([1 / (1 + math.exp(-x)) for x in r], abs=1e-6)
+    with pytest.raises(ValueError, match="not an implicit PRM folder"):
+        M.load_implicit_prm(tmp_path)
+
+
+def test_rsd_runs_with_an_implicit_prm(trained, tmp_path):
+    folder = trained.save(tmp_path / "prm")
+    spec = f"implicit:{folder}"
+    result = run_method("rsd", preset="smoke", model="tiny-llama", sets=[f"prm={spec}"], write=False,
+                        show_progress=False, raise_errors=True, threads=1)  # fmt: skip
+    assert result.config["prm"] == spec and spec in result.config["prms"]
+    calls = result.metric(f"rsd_{spec}_d0.7", "prm_calls")
+    assert calls.value > 0
+    assert any(c.method == f"rsd_{spec}_d0.7" for c in result.claims)  # checked as the headline PRM
+
+
+def test_spec_search_takes_an_implicit_prm_as_headline(trained, tmp_path):
+    from lmlab.methods.decoding.spec_search.config import SpecSearchConfig
+
+    folder = trained.save(tmp_path / "prm")
+    cfg = SpecSearchConfig(prm=f"implicit:{folder}", prms=["noisy"])
+    assert cfg.prms == [f"implicit:{folder}", "noisy"]
+    with pytest.raises(ValueError, match="prm must be one of"):
+        SpecSearchConfig(prm="implicit:")
+
+
+# ----------------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"beta": 0.0}, "beta"),
+        ({"losses": ["ce", "kto"]}, "losses"),
+        ({"headline": "dpo", "losses": ["ce"]}, "headline"),
+        ({"n_candidates": 1}, "n_candidates"),
+        ({"min_ops": 4, "max_ops": 3}, "max_ops"),
+        ({"error_rate": 1.5}, "error_rate"),
+        ({"aggregate": "max"}, "aggregate"),
+        ({"k": 0}, "k"),
+    ],
+)
+def test_config_rejects_bad_values(kw, match):
+    with pytest.raises(ValueError, match=match):
+        ImplicitPRMConfig(**kw)
+
+
+def test_bad_inputs_give_one_line_errors(tiny):
+    model, tok = tiny
+    with pytest.raises(ValueError, match="k must be an int in"):
+        M.FrozenTrunk(model, 5)
+    with pytest.raises(ValueError, match="not a supported decoder-only LM"):
+        M.FrozenTrunk(torch.nn.Linear(2, 2), 1)
+    with pytest.raises(ValueError, match="steps is empty"):
+        M.encode_steps(tok, ["Q\n"], [[]])
+    with pytest.raises(ValueError, match="non-empty string"):
+        M.encode_steps(tok, ["Q\n"], [["a", ""]])
+    with pytest.raises(ValueError, match="aggregate must be one of"):
+        M.aggregate([1.0], "max")
+    with pytest.raises(ValueError, match="loss must be one of"):
+        M.train_implicit(M.FrozenTrunk(model, 1), [], [], [], loss="kto")
+    with pytest.raises(ValueError, match="no rows"):
+        M.prepare(M.FrozenTrunk(model, 1), tok, [], [])
+    with pytest.raises(ValueError, match="not consecutive"):
+        M.prepare(M.FrozenTrunk(model, 1), tok, ["a", "b", "c"], [["x"], ["y"], ["z"]], groups=[0, 1, 0])
+    with pytest.raises(ValueError, match="output must be one of"):
+        M.ImplicitPRM(model, tok, M.FrozenTrunk(model, 1).top_k(), beta=0.05, output="prob")
+    with pytest.raises(ValueError, match="save needs base_model"):
+        M.ImplicitPRM(model, tok, M.FrozenTrunk(model, 1).top_k(), beta=0.05).save("unused")
+    from lmlab.methods.decoding.rsd.config import RSDConfig
+
+    with pytest.raises(ValueError, match="prm must be one of"):
+        RSDConfig(prm="nonsense")
