@@ -195,16 +195,20 @@ class TopK(nn.Module):
             h = self.hidden_states(cache)
             if logits_to_keep:
                 h = h[:, -logits_to_keep:]
-            head = self.lm_head
-            if self.train_head:
-                logits = head(h)
-            else:
-                # the shared head stays frozen: its weight may be the tied input embedding the cache was built from
-                bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
-                logits = F.linear(h, head.weight.detach(), bias)
-            if self.softcap is not None:
-                logits = torch.tanh(logits / self.softcap) * self.softcap
-            return logits
+            return self.head_logits(h)
+
+    def head_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The LM head (and Gemma's soft-cap) on final-norm hidden states ``(..., hidden) -> (..., vocab)``."""
+        head = self.lm_head
+        if self.train_head:
+            logits = head(h)
+        else:
+            # the shared head stays frozen: its weight may be the tied input embedding the cache was built from
+            bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
+            logits = F.linear(h, head.weight.detach(), bias)
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
 
 class FrozenTrunk:
@@ -317,6 +321,21 @@ class FrozenTrunk:
 def logits_from_cache(topk: TopK, cache: TrunkCache, *, logits_to_keep: int = 0) -> torch.Tensor:
     """Logits (batch, T, vocab) of a cached batch: equal to ``model(...).logits`` of the full model (same masks)."""
     return topk(cache, logits_to_keep=logits_to_keep)
+
+
+def response_token_logps(topk: TopK, cache: TrunkCache, target_mask: torch.Tensor) -> torch.Tensor:
+    """`token_logps_from_cache` with the LM head run only where ``target_mask`` (batch, T-1) is True.
+
+    The head costs as much as ~8 SmolLM2 blocks per position and prompts are most of a preference sequence, so it
+    runs on the gathered hidden states ``h[:, :-1][target_mask]`` (N, hidden) only. Returns (batch, T-1) float32, 0
+    off the mask; differentiable through a trainable `topk`, no graph for a frozen one.
+    """
+    tm = target_mask.bool()
+    with torch.no_grad() if topk.frozen else contextlib.nullcontext():
+        h = topk.hidden_states(cache)[:, :-1]  # (batch, T-1, hidden)
+        tgt = cache.input_ids[:, 1:][tm]  # (N,)
+        lp = torch.log_softmax(topk.head_logits(h[tm]).float(), dim=-1).gather(-1, tgt[:, None]).squeeze(-1)
+        return lp.new_zeros(tm.shape).masked_scatter(tm, lp)
 
 
 def token_logps_from_cache(topk: TopK, cache: TrunkCache, *, target_mask: torch.Tensor | None = None) -> torch.Tensor:

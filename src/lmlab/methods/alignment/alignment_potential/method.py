@@ -24,7 +24,6 @@ positions only (`response_logps`), and DPO / SimPO on a kept subset of them (`tr
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from lmlab.core.partial import FrozenTrunk, TopK, TrunkCache
+from lmlab.core.partial import FrozenTrunk, TopK, TrunkCache, response_token_logps
 from lmlab.core.preference import (
     SeqLogps,
     build_pair_batch,
@@ -402,19 +401,6 @@ def slice_cache(cache: TrunkCache, rows: torch.Tensor) -> TrunkCache:
     )
 
 
-def _head_logits(topk: TopK, h: torch.Tensor) -> torch.Tensor:
-    """The LM head (and Gemma's soft-cap) on final-norm hidden states ``(..., hidden) -> (..., V)``, as `TopK`."""
-    head = topk.lm_head
-    if topk.train_head:
-        logits = head(h)
-    else:  # the shared head stays frozen (SmolLM2's is the tied input embedding the cache was built from)
-        bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
-        logits = torch.nn.functional.linear(h, head.weight.detach(), bias)
-    if topk.softcap is not None:
-        logits = torch.tanh(logits / topk.softcap) * topk.softcap
-    return logits
-
-
 def response_logps(topk: TopK, cache: TrunkCache, response_mask: torch.Tensor) -> SeqLogps:
     """Response log-probs of a cached batch, the LM head run only where it predicts a response token.
 
@@ -428,11 +414,7 @@ def response_logps(topk: TopK, cache: TrunkCache, response_mask: torch.Tensor) -
     target = response_mask[:, 1:].bool()  # (b, T-1): position j predicts response token j+1
     if not bool(target.any(-1).all()):
         raise ValueError("every row needs at least one response token after a context token")
-    with torch.no_grad() if topk.frozen else contextlib.nullcontext():
-        h = topk.hidden_states(cache)[:, :-1]  # (b, T-1, hidden)
-        logits = _head_logits(topk, h[target])  # (N, V), N = response tokens in the batch
-        lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, cache.input_ids[:, 1:][target][:, None])[:, 0]
-    full = lp.new_zeros(b, t - 1).masked_scatter(target, lp)  # (b, T-1), 0 off the response
+    full = response_token_logps(topk, cache, target)  # (b, T-1), 0 off the response
     return logps_from_token_logps(full, target)
 
 

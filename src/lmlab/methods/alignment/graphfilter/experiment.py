@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from lmlab.core.partial import response_token_logps
 from lmlab.core.seeding import derive_seed
 from lmlab.methods.alignment.graphfilter.method import (
     build_ngram_graph,
@@ -261,23 +261,9 @@ class SeqCache:
 
 
 def response_logps(topk: Any, cache: Any, tmask: torch.Tensor) -> torch.Tensor:
-    """(b, T-1) log-probs of the response tokens (0 elsewhere); the LM head runs on response positions only (its cost
-    is ~8 SmolLM2 blocks per token). Differentiable unless `topk` is the frozen reference."""
-    h = topk.hidden_states(cache)[:, :-1]  # (b, T-1, hidden)
-    hp = h[tmask]  # (n_resp, hidden)
-    head = topk.lm_head
-    if topk.train_head:
-        logits = head(hp)
-    else:
-        bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
-        logits = F.linear(hp, head.weight.detach(), bias)  # (n_resp, vocab)
-    if topk.softcap is not None:
-        logits = torch.tanh(logits / topk.softcap) * topk.softcap
-    targets = cache.input_ids[:, 1:][tmask]  # (n_resp,)
-    lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None]).squeeze(-1)
-    out = torch.zeros(tmask.shape, dtype=lp.dtype)
-    out[tmask] = lp
-    return out
+    """(b, T-1) log-probs of the response tokens (0 elsewhere), the LM head on response positions only
+    (`lmlab.core.partial.response_token_logps`). Differentiable unless `topk` is the frozen reference."""
+    return response_token_logps(topk, cache, tmask)
 
 
 def sequence_scores(topk: Any, cache: SeqCache, seq_ids: Sequence[int]) -> dict[int, float]:

@@ -24,7 +24,6 @@ Everything here is pure: no I/O except `ImplicitPRM.save` / `load_implicit_prm`,
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -36,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmlab.core.partial import FrozenTrunk, TopK, TrunkCache
+from lmlab.core.partial import FrozenTrunk, TopK, TrunkCache, response_token_logps
 from lmlab.core.preference import (
     ResponseBatch,
     SeqLogps,
@@ -200,34 +199,14 @@ def prepare(
 # ---------------------------------------------------------------------------------------------------- log-probs
 
 
-def _head_logits(topk: TopK, h: torch.Tensor) -> torch.Tensor:
-    """The LM head (and Gemma's soft-cap) on hidden states (N, hidden) -> (N, vocab), as `TopK.forward` does."""
-    head = topk.lm_head
-    if topk.train_head:
-        logits = head(h)
-    else:
-        bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
-        logits = F.linear(h, head.weight.detach(), bias)
-    if topk.softcap is not None:
-        logits = torch.tanh(logits / topk.softcap) * topk.softcap
-    return logits
-
-
 def response_logps(topk: TopK, cache: TrunkCache, enc: Encoded) -> SeqLogps:
     """Response-token log-probs of a cached batch under `topk` (pi_theta with grad, or the frozen pi_ref).
 
     Same numbers as `lmlab.core.partial.token_logps_from_cache` masked to the response, but the LM head runs on the
     response positions only.
     """
-    with torch.no_grad() if topk.frozen else contextlib.nullcontext():
-        h = topk.hidden_states(cache)  # (B, T, hidden)
-        tm = enc.batch.target_mask.to(h.device)  # (B, T-1): position t predicts response token t+1
-        sel = h[:, :-1][tm]  # (N, hidden)
-        tgt = cache.input_ids[:, 1:][tm]  # (N,)
-        lp = torch.log_softmax(_head_logits(topk, sel).float(), dim=-1).gather(-1, tgt[:, None]).squeeze(-1)
-        token = torch.zeros(tm.shape, dtype=lp.dtype, device=lp.device)
-        token[tm] = lp
-        return logps_from_token_logps(token, tm)
+    tm = enc.batch.target_mask  # (B, T-1): position t predicts response token t+1
+    return logps_from_token_logps(response_token_logps(topk, cache, tm), tm)
 
 
 def step_rewards_of(policy: SeqLogps, ref: SeqLogps, enc: Encoded, beta: float) -> list[torch.Tensor]:
