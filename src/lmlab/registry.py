@@ -56,6 +56,7 @@ METHOD_INDEX: tuple[str, ...] = (
     "alignment/graphfilter",
     "alignment/implicit_prm",
     "alignment/alignment_potential",
+    "alignment/mpo",
     "analysis/state_tracking",
 )
 

@@ -391,3 +391,26 @@ def merge_back(model: Any, topk: TopK) -> Any:
 def trainable_names(topk: TopK) -> Sequence[str]:
     """Names of the parameters that train (for logs and tests)."""
     return [name for name, p in topk.named_parameters() if p.requires_grad and not topk.frozen]
+
+
+def policy_model(model: Any, topk: TopK) -> Any:
+    """A full HF model whose top k blocks (and final norm) are `topk`'s, sharing every other module with `model`.
+
+    Memory-light: the embeddings, the lower blocks and the LM head are the very modules of `model` (a
+    ``copy.deepcopy`` with them pre-seeded in its memo), only the top blocks and norm are new. For decoding a trained
+    policy (``generate``, `lmlab.core.generation.decode_batch`) and ``save_pretrained``; `model` is not modified.
+    """
+    layers, _, head = _parts(model)
+    n = len(layers)
+    if topk.n_layers != n:
+        raise ValueError(f"the TopK was made from a model with {topk.n_layers} blocks, this one has {n}")
+    memo: dict[int, Any] = {}
+    keep = [model.get_input_embeddings(), head, *layers[: n - topk.k]]
+    keep += [m for name, m in model.model.named_children() if name not in ("layers", "norm")]  # rotary, ...
+    for mod in keep:
+        for sub in mod.modules():
+            memo[id(sub)] = sub
+        for t in [*mod.parameters(), *mod.buffers()]:
+            memo[id(t)] = t
+    clone = copy.deepcopy(model, memo)
+    return merge_back(clone, topk).eval()

