@@ -57,6 +57,7 @@ METHOD_INDEX: tuple[str, ...] = (
     "alignment/implicit_prm",
     "alignment/alignment_potential",
     "alignment/mpo",
+    "alignment/rlthf",
     "alignment/ple",
     "analysis/state_tracking",
     "analysis/ibcircuit",

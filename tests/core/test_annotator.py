@@ -10,6 +10,7 @@ import pytest
 
 from lmlab.core.annotator import (
     BudgetExceeded,
+    FlipJudge,
     GroundTruthAnnotator,
     SimulatedJudge,
     bt_flip_prob,
@@ -168,3 +169,17 @@ def test_agreement_reports_judge_accuracy_without_charging():
     acc = ann.agreement(list(pairs), judge.label(list(pairs)))
     assert acc == pytest.approx(1 - _judge_errors(judge, pairs).mean())
     assert ann.n_queried == 0
+
+
+def test_flip_judge_noise_is_uniform_and_fixed_per_pair():
+    pairs = _pairs(4000, seed=4)
+    judge = FlipJudge(pairs, utility=U, flip_prob=0.2, seed=1)
+    err = _judge_errors(judge, pairs)
+    assert abs(err.mean() - 0.2) < 0.02
+    gap = np.array([abs(U(a) - U(b)) for a, b in pairs.values()])
+    assert abs(np.corrcoef(err.astype(float), gap)[0, 1]) < 0.05  # errors do not track the margin
+    ids = list(pairs)
+    assert judge.label(ids[::-1])[::-1] == judge.label(ids)  # one fixed draw per pair, whatever the order
+    assert FlipJudge(pairs, utility=U, flip_prob=0.0).label(ids) == [int(U(a) > U(b)) for a, b in pairs.values()]
+    with pytest.raises(ValueError, match="flip_prob must be in"):
+        FlipJudge(pairs, utility=U, flip_prob=1.5)

@@ -347,3 +347,53 @@ class SimulatedJudge:
             int(np.random.default_rng([self.seed, _stable_int(pid), 1]).random() < p)
             for pid, p in zip(ids, probs, strict=True)
         ]
+
+
+class FlipJudge:
+    """An AI labeller with *uniform* noise: the truth flipped with probability `flip_prob` on every pair, whatever
+    the pair (one fixed draw per pair). The contrast case to `SimulatedJudge`: its errors carry no structure a
+    reward model could learn, which makes error finding from the reward distribution easy (RLTHF's spec asks for
+    both noise models, and says this one overstates the method).
+
+    Args:
+        pairs (`Mapping[id, (a, b)]`): the pairs it can label (uncounted).
+        utility / margin: the truth it distorts (a tie is a fixed fair coin, as the annotator's).
+        flip_prob (`float`, defaults to `0.2`): in [0, 1].
+        seed (`int`, *optional*, defaults to `0`): one fixed draw per pair, independent of query order.
+    """
+
+    def __init__(
+        self,
+        pairs: Mapping[Hashable, Sequence[Any]],
+        *,
+        utility: Callable[[Any], float] | None = None,
+        margin: Callable[[Any, Any], float] | None = None,
+        flip_prob: float = 0.2,
+        seed: int = 0,
+    ) -> None:
+        if not 0.0 <= flip_prob <= 1.0:
+            raise ValueError(f"flip_prob must be in [0, 1], got {flip_prob}")
+        self._pairs = _check_pairs(pairs)
+        self._truth = _Truth(utility, margin)
+        self.flip_prob, self.seed = float(flip_prob), seed
+        self.calls = 0
+
+    def _truth_label(self, pid: Hashable) -> int:
+        if pid not in self._pairs:
+            raise ValueError(f"unknown pair id {pid!r}: not among the {len(self._pairs)} pairs the judge holds")
+        a, b = self._pairs[pid]
+        d = self._truth.delta(a, b)
+        if d == 0:
+            return int(np.random.default_rng([self.seed, _stable_int(pid), 3]).random() < 0.5)
+        return int(d > 0)
+
+    def label(self, pair_ids: Iterable[Hashable]) -> list[int]:
+        """Judge labels (1 = first preferred): the truth, flipped on a fixed `flip_prob` share of draws."""
+        ids = _ids(pair_ids)
+        self.calls += 1
+        out = []
+        for pid in ids:
+            t = self._truth_label(pid)
+            flip = np.random.default_rng([self.seed, _stable_int(pid), 2]).random() < self.flip_prob
+            out.append(1 - t if flip else t)
+        return out
