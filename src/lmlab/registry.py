@@ -61,6 +61,7 @@ METHOD_INDEX: tuple[str, ...] = (
     "alignment/ple",
     "analysis/state_tracking",
     "analysis/ibcircuit",
+    "analysis/wikibigedit",
 )
 
 _ID_RE = re.compile(r"^[a-z][a-z0-9_]*[a-z0-9]$")

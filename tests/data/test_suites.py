@@ -35,6 +35,14 @@ VARIANTS: dict[str, list[dict]] = {
     "fact_corpus": [{"n_facts": 300}, {"kind": "control"}, {"kind": "document", "n_facts": 300}],
     "ruler": [{"context_tokens": 256}, {"task": "niah_multikey", "context_tokens": 300}, {"task": "vt"}],
     "glyphs": [{}, {"n_images": 1, "chars": 2, "scale": 2, "prose_chars": 50}],
+    "geobigedit": [{}, {"kind": "general"}, {"increments": 2, "edits_per_increment": 5, "reedit_fraction": 0.2}],
+    "taskbank": [
+        {},
+        {"domain": "arithmetic", "form": "word"},
+        {"domain": "strings", "n_choices": 0},
+        {"domain": "units"},
+        {"domain": "glyphs", "task": "sum_mod10"},
+    ],
 }
 N = 8
 BAD_KWARGS: dict[str, dict] = {
@@ -51,6 +59,8 @@ BAD_KWARGS: dict[str, dict] = {
     "fact_corpus": {"kind": "essay"},
     "ruler": {"task": "qa"},
     "glyphs": {"scale": 0},
+    "geobigedit": {"kind": "essay"},
+    "taskbank": {"domain": "poetry"},
 }
 # Suites whose default pool is enumerated (n=None gives the whole split); the others need an int n.
 FINITE = {
@@ -63,6 +73,8 @@ FINITE = {
     "fact_corpus",
     "permutations",
     "capital_steps",
+    "geobigedit",
+    "taskbank",
 }
 
 
@@ -79,7 +91,7 @@ def _bad(name: str, ex: Example) -> str:
         return "   "
     if name == "countries":
         return {"iso2": "zz", "iso3": "ZZZ"}.get(ex.meta["task"], "I do not know.")
-    if name in ("capital_steps", "ruler", "glyphs"):
+    if name in ("capital_steps", "ruler", "glyphs", "geobigedit", "taskbank"):
         return "I do not know."
     if name == "fact_corpus":
         return "nowhere"

@@ -32,6 +32,8 @@ SUITE_INDEX: Mapping[str, str] = {
     "instructions": "lmlab.data.instructions",
     "ruler": "lmlab.data.ruler",
     "glyphs": "lmlab.data.glyphs",
+    "geobigedit": "lmlab.data.geobigedit",
+    "taskbank": "lmlab.data.taskbank",
 }
 
 
