@@ -62,6 +62,7 @@ METHOD_INDEX: tuple[str, ...] = (
     "analysis/state_tracking",
     "analysis/ibcircuit",
     "analysis/wikibigedit",
+    "adaptation/d_reft",
 )
 
 _ID_RE = re.compile(r"^[a-z][a-z0-9_]*[a-z0-9]$")

@@ -1,0 +1,1 @@
+"""Adaptation methods (fine-tuning initialisation, representation interventions, federated learning, merging)."""
