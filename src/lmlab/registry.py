@@ -59,6 +59,7 @@ METHOD_INDEX: tuple[str, ...] = (
     "alignment/mpo",
     "alignment/rlthf",
     "alignment/ple",
+    "alignment/swiftcode",
     "analysis/state_tracking",
     "analysis/ibcircuit",
     "analysis/wikibigedit",
