@@ -63,6 +63,7 @@ METHOD_INDEX: tuple[str, ...] = (
     "analysis/state_tracking",
     "analysis/ibcircuit",
     "analysis/wikibigedit",
+    "adaptation/nonzero_lora",
     "adaptation/d_reft",
 )
 

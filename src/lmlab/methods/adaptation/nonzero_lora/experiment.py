@@ -1,0 +1,312 @@
+"""Reproduction: NZ-LoRA (Init[AB]) vs peft's zero init (Init[A]) over a learning-rate sweep.
+
+Paper claim (Li et al., ICML 2025, abstract): initialising both LoRA factors non-zero makes fine-tuning more robust
+to sub-optimal, especially *smaller*, learning rates; the noise B0A0 adds to W0 generally does not hurt.
+
+Design. Task: the task bank's ``geography/<task>`` (default ISO-3 codes: "Q: What is the ISO 3166-1 alpha-3 code of
+Togo?\\nA: TGO"), train split for training, test split for scoring, dev split to pick each init's best lr (the
+same grid for every init: equal tuning budget). A LoRA (r, α, `target_modules`) on the top `train_layers` blocks of
+`model`; the trunk below is frozen and cached once (`lmlab.core.partial`), so a run costs k blocks, not 30. Each
+run: a fresh LoRA, `init` applied by `method.init_lora`, `steps` AdamW steps at a constant lr on the seed's batches
+(identical for every init and lr of that seed), then the held-out answer NLL (teacher forcing, summed over the
+answer's tokens) and greedy exact match (argmax at every answer token) of every test item.
+
+Claims (computed from this run). Gated, for each of the `claim_lrs` smallest lrs: the held-out NLL of ``nz`` below
+``zero`` (paired by item, both seeds clustered by item). Reported: the same for ``nz_reset``; each init at its own
+dev-selected best lr (expected a near tie); the area under the NLL-vs-log-lr curve; ``nz`` vs ``nz_reset`` at the
+best lr (expected about equal for β <= 1); with `beta_sweep`, ``nz`` vs ``nz_reset`` at the largest β (the noise
+should hurt without the reset). Mechanism check: at step 0 ``nz_reset`` is the pretrained model (|ΔNLL| ~ 0) while
+``nz`` is not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import torch
+
+from lmlab.core.seeding import derive_seed
+from lmlab.results import Claim
+
+NLL, EM = "eval_nll", "eval_em"
+
+
+def system(mode: str, lr: float | str, beta: float | None = None) -> str:
+    """System names: ``"nz@1e-05"``, ``"zero@best"``, ``"nz@beta=4"``."""
+    if beta is not None:
+        return f"{mode}@beta={beta:g}"
+    return f"{mode}@{lr:g}" if isinstance(lr, float | int) else f"{mode}@{lr}"
+
+
+def load_items(ctx: Any, cfg: Any) -> tuple[list[Any], list[Any], list[Any]]:
+    """(train, dev, test) examples of the task bank's geography `task` (cfg.limit caps each split)."""
+    kw = {"domain": "geography", "task": cfg.task, "n_choices": 0}
+    train = ctx.data("taskbank", None, split="train", **kw)
+    dev = ctx.data("taskbank", cfg.dev_items, split="dev", **kw)
+    test = ctx.data("taskbank", cfg.eval_items, split="test", **kw)
+    if not train or not dev or not test:
+        raise ValueError(f"the task bank gave {len(train)} train, {len(dev)} dev, {len(test)} test items of "
+                         f"geography/{cfg.task}; expected at least one of each (check --limit)")  # fmt: skip
+    return train, dev, test
+
+
+def _batches(n_train: int, steps: int, batch: int, seed: int) -> list[list[int]]:
+    """`steps` batches of train indices: seeded epochs of permutations, cut into batches of `batch`."""
+    rng = np.random.default_rng(seed)
+    order: list[int] = []
+    while len(order) < steps * batch:
+        order += rng.permutation(n_train).tolist()
+    return [order[i * batch : (i + 1) * batch] for i in range(steps)]
+
+
+class PaddedCache:
+    """The frozen trunk's output for every (prompt, answer) sequence, right-padded to one length and run once.
+
+    One padded batch instead of `lmlab.core.sft.SeqCache`'s per-length groups: a training batch of random items is
+    then one forward of the top blocks (SeqCache would split it into ~6 groups of one or two sequences, and small
+    matmuls are slow on CPU). Right padding: pad positions come after every real token, so no attention row is
+    fully masked; ``tmask`` (N, T-1) marks the positions that predict an answer token.
+    """
+
+    def __init__(self, trunk: Any, seqs: list[tuple[list[int], int]], pad_id: int) -> None:
+        if not seqs:
+            raise ValueError("PaddedCache needs at least one sequence")
+        width = max(len(ids) for ids, _ in seqs)
+        n = len(seqs)
+        ids = torch.full((n, width), pad_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        self.tmask = torch.zeros((n, width - 1), dtype=torch.bool)  # (N, T-1)
+        for i, (row, n_prompt) in enumerate(seqs):
+            ids[i, : len(row)] = torch.tensor(row)
+            mask[i, : len(row)] = 1
+            self.tmask[i, n_prompt - 1 : len(row) - 1] = True
+        self.n = n
+        self.cache = trunk(ids, attention_mask=mask)
+
+    def batch(self, rows: list[int]) -> tuple[Any, torch.Tensor]:
+        """(TrunkCache of `rows`, their target mask)."""
+        from lmlab.core.sft import _take
+
+        c, idx = self.cache, torch.tensor(rows, dtype=torch.long)
+        n = self.n
+        sub = type(c)(_take(c.hidden, idx, n), _take(c.layer_kwargs, idx, n), _take(c.input_ids, idx, n),
+                      _take(c.attention_mask, idx, n), _take(c.position_ids, idx, n), c.k, c.n_layers,
+                      _take(c.layer_args, idx, n))  # fmt: skip
+        return sub, self.tmask.index_select(0, idx)
+
+
+def answer_scores(topk: Any, cache: PaddedCache, chunk: int = 32) -> tuple[list[float], list[float]]:
+    """Per sequence: the answer NLL (summed over its tokens) and greedy exact match (1.0 when the argmax is the
+    gold token at every answer position) under `topk`."""
+    nll: list[float] = []
+    em: list[float] = []
+    with torch.no_grad():
+        for s in range(0, cache.n, chunk):
+            sub, tm = cache.batch(list(range(s, min(cache.n, s + chunk))))
+            h = topk.hidden_states(sub)[:, :-1]  # (b, T-1, hidden)
+            tgt = sub.input_ids[:, 1:][tm]  # (N,)
+            logp = torch.log_softmax(topk.head_logits(h[tm]).float(), dim=-1)  # (N, vocab)
+            lp = logp.gather(-1, tgt[:, None]).squeeze(-1)  # (N,)
+            hit = (logp.argmax(-1) == tgt).float()
+            row = torch.arange(tm.shape[0])[:, None].expand_as(tm)[tm]  # (N,) the row of each answer token
+            sums = torch.zeros(tm.shape[0]).index_add_(0, row, lp)
+            hits = torch.zeros(tm.shape[0]).index_add_(0, row, hit)
+            nll += (-sums).tolist()
+            em += (hits == tm.sum(-1)).float().tolist()
+    return nll, em
+
+
+def run(cfg: Any, ctx: Any) -> Any:
+    from peft import LoraConfig
+
+    from lmlab.core.partial import FrozenTrunk, response_token_logps
+    from lmlab.core.preference import weighted_sft_loss
+    from lmlab.core.scoring import _pad_id
+    from lmlab.core.sft import encode_sequences
+    from lmlab.data.taskbank import answer_request
+    from lmlab.methods.adaptation.nonzero_lora.method import lora_layers, lr_sweep
+
+    train, dev, test = load_items(ctx, cfg)
+    model, tok = ctx.load_model()
+    n_layers = len(model.model.layers)
+    if cfg.train_layers > n_layers:
+        raise ValueError(f"train_layers must be <= {n_layers} (the blocks of {cfg.model}), got {cfg.train_layers}")
+    trunk = FrozenTrunk(model, cfg.train_layers)
+
+    def cache_of(items: list[Any]) -> Any:
+        pairs = [answer_request(e) for e in items]
+        return PaddedCache(trunk, encode_sequences(tok, [p for p, _ in pairs], [a for _, a in pairs]), _pad_id(tok))
+
+    c_train, c_dev, c_test = cache_of(train), cache_of(dev), cache_of(test)
+    lora_cfg = LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, target_modules=list(cfg.target_modules),
+                          lora_dropout=0.0, bias="none")  # fmt: skip
+    try:
+        next(iter(lora_layers(trunk.top_k(train_norm=False, lora=lora_cfg))))
+    except ValueError:
+        raise ValueError(f"target_modules {cfg.target_modules} match no linear layer of {cfg.model}'s blocks; "
+                         "expected llama-style names (q_proj, v_proj, up_proj, down_proj, ...)") from None  # fmt: skip
+
+    def build() -> Any:
+        return trunk.top_k(train_norm=False, lora=lora_cfg)  # a fresh copy of the top blocks with peft's Init[A]
+
+    def loss_fn(policy: Any, batch: list[int]) -> torch.Tensor:
+        sub, tm = c_train.batch(batch)
+        lp = response_token_logps(policy, sub, tm)  # (b, T-1), 0 off the answer
+        return weighted_sft_loss(lp, tm, reduction="mean")  # mean over items of the per-token answer NLL
+
+    def eval_fn(policy: Any) -> dict[str, list[float]]:
+        nll, em = answer_scores(policy, c_test)
+        dev_nll, _ = answer_scores(policy, c_dev)
+        return {"nll": nll, "em": em, "dev_nll": dev_nll}
+
+    seeds = [derive_seed(cfg.seed, "nonzero_lora-train", s) for s in range(cfg.n_seeds)]
+    batch_of = {s: _batches(len(train), cfg.steps, cfg.train_batch, derive_seed(s, "order")) for s in seeds}
+    jobs = cfg.n_seeds * (len(cfg.inits) * len(cfg.lrs) + 2 * len(cfg.beta_sweep))
+    bar = iter(ctx.progress(range(jobs), "runs (seed x init x lr)", total=jobs))
+
+    def tick(_: Any) -> None:
+        next(bar, None)
+
+    runs = lr_sweep(build, loss_fn, eval_fn, lambda s: batch_of[s], lrs=cfg.lrs, modes=cfg.inits, seeds=seeds,
+                    beta=cfg.beta, b_fan=cfg.b_fan, max_grad_norm=cfg.max_grad_norm, eval_step0=False,
+                    on_run=tick)  # fmt: skip
+    beta_runs = []
+    for b in cfg.beta_sweep:
+        beta_runs += lr_sweep(build, loss_fn, eval_fn, lambda s: batch_of[s], lrs=[cfg.beta_sweep_lr],
+                              modes=["nz", "nz_reset"], seeds=seeds, beta=b, b_fan=cfg.b_fan,
+                              max_grad_norm=cfg.max_grad_norm, on_run=tick)  # fmt: skip
+
+    step0 = _step0(build, eval_fn, cfg, seeds[0])  # step 0 (first seed): Init[AB] with and without the reset
+    base, _ = answer_scores(trunk.reference, c_test)
+
+    ids = [e.id for e in test]
+    clusters = [i for _ in seeds for i in ids]  # values of every seed, clustered by held-out item
+    by: dict[tuple[str, float], list[Any]] = defaultdict(list)
+    for r in runs:
+        by[(r.mode, r.lr)].append(r)
+    for (mode, lr), rs in by.items():
+        rs = sorted(rs, key=lambda r: seeds.index(r.seed))
+        note = f"{cfg.steps} steps, constant lr, {len(rs)} seeds x {len(ids)} items"
+        ctx.record(system(mode, lr), NLL, [v for r in rs for v in r.eval["nll"]], clusters=clusters, unit="nats",
+                   note=note)  # fmt: skip
+        ctx.record(system(mode, lr), EM, [v for r in rs for v in r.eval["em"]], clusters=clusters, note=note)
+    ctx.record("base", NLL, base, clusters=ids, unit="nats", note="the model before any LoRA")
+
+    lrs = sorted(cfg.lrs)
+    best: dict[str, float] = {}
+    for mode in cfg.inits:
+        dev_mean = {lr: float(np.mean([v for r in by[(mode, lr)] for v in r.eval["dev_nll"]])) for lr in lrs}
+        best[mode] = min(lrs, key=lambda lr: (dev_mean[lr], lr))
+        ctx.record(system(mode, "best"), NLL, ctx.values(system(mode, best[mode]), NLL), clusters=clusters,
+                   unit="nats", note=f"best lr on dev: {best[mode]:g}")  # fmt: skip
+        if len(lrs) > 1:
+            ctx.record(mode, "nll_auc", _auc(by, mode, lrs, seeds), clusters=clusters, unit="nats",
+                       note="trapezoid area under NLL vs log10(lr), divided by the log10 range")  # fmt: skip
+    ctx.flag("best_lr", {m: best[m] for m in cfg.inits})
+
+    for b in cfg.beta_sweep:
+        for mode in ("nz", "nz_reset"):
+            rs = [r for r in beta_runs if r.mode == mode and r.beta == float(b)]
+            rs.sort(key=lambda r: seeds.index(r.seed))
+            ctx.record(system(mode, cfg.beta_sweep_lr, b), NLL, [v for r in rs for v in r.eval["nll"]],
+                       clusters=clusters, unit="nats", note=f"lr {cfg.beta_sweep_lr:g}")  # fmt: skip
+
+    for mode, ev in step0.items():
+        ctx.record(f"{mode}@step0", "step0_abs_dnll", [abs(a - b0) for a, b0 in zip(ev["nll"], base)], clusters=ids,
+                   unit="nats", note="|NLL at step 0 - base NLL| per item, first seed")  # fmt: skip
+    if "nz_reset" in step0:
+        ctx.flag("step0_max_abs_dnll_nz_reset", max(abs(a - b0) for a, b0 in zip(step0["nz_reset"]["nll"], base)))
+
+    table = []
+    for mode in cfg.inits:
+        for lr in lrs:
+            rs = by[(mode, lr)]
+            table.append({"init": mode, "lr": lr, "eval_nll": float(np.mean([v for r in rs for v in r.eval["nll"]])),
+                          "eval_em": float(np.mean([v for r in rs for v in r.eval["em"]])),
+                          "dev_nll": float(np.mean([v for r in rs for v in r.eval["dev_nll"]])),
+                          "final_train_loss": float(np.mean([r.losses[-1] for r in rs])),
+                          "per_seed_eval_nll": [float(np.mean(r.eval["nll"])) for r in rs]})  # fmt: skip
+    ctx.table("nll_vs_lr", table)
+    ctx.add_samples({"seed": r.seed, "init": r.mode, "lr": r.lr, "beta": r.beta, "losses": r.losses,
+                     "mean_eval_nll": float(np.mean(r.eval["nll"]))} for r in runs + beta_runs)  # fmt: skip
+    _figure(ctx, cfg, table, lrs)
+    ctx.note(
+        f"LoRA r={cfg.rank}, alpha={cfg.alpha:g} on {', '.join(cfg.target_modules)} of the top {cfg.train_layers} of "
+        f"{n_layers} blocks; {len(train)} train / {len(dev)} dev / {len(test)} test items of geography/{cfg.task}; "
+        f"{cfg.steps} AdamW steps x {cfg.train_batch} at constant lr, {cfg.n_seeds} seed(s); beta={cfg.beta:g}, "
+        f"B bound from n_{cfg.b_fan}."
+    )
+    return ctx.finish(claims(cfg, lrs, best))
+
+
+def _step0(build: Any, eval_fn: Any, cfg: Any, seed: int) -> dict[str, dict[str, list[float]]]:
+    """Held-out metrics right after each non-zero init (no training), first seed."""
+    from lmlab.methods.adaptation.nonzero_lora.method import init_lora
+
+    out = {}
+    for mode in [m for m in cfg.inits if m != "zero"]:
+        torch.manual_seed(seed)
+        policy = build()
+        init_lora(policy, mode, beta=cfg.beta, b_fan=cfg.b_fan, generator=torch.Generator().manual_seed(seed))
+        policy.eval()
+        out[mode] = eval_fn(policy)
+    return out
+
+
+def _auc(by: dict[tuple[str, float], list[Any]], mode: str, lrs: list[float], seeds: list[int]) -> list[float]:
+    """Per (seed, item): trapezoid area under NLL vs log10(lr), divided by the log10 range (a mean NLL)."""
+    x = np.log10(np.asarray(lrs, dtype=float))
+    out = []
+    for s in seeds:
+        curves = np.array([next(r for r in by[(mode, lr)] if r.seed == s).eval["nll"] for lr in lrs])  # (lrs, items)
+        area = ((curves[1:] + curves[:-1]) / 2 * np.diff(x)[:, None]).sum(0) / (x[-1] - x[0])
+        out += area.tolist()
+    return out
+
+
+def claims(cfg: Any, lrs: list[float], best: dict[str, float]) -> list[Claim]:
+    out = []
+    for lr in lrs[: cfg.claim_lrs]:
+        out.append(Claim(NLL, system("nz", lr), system("zero", lr), "<",
+                         text=f"held-out answer NLL at the small lr {lr:g}: non-zero init (Init[AB]) below zero init "
+                              "(Init[A])"))  # fmt: skip
+        if "nz_reset" in cfg.inits:
+            # gated too: with the reset both inits start from the same function, so a gain here is faster
+            # learning, not the random step-0 offset plain Init[AB] adds to the pretrained model
+            out.append(Claim(NLL, system("nz_reset", lr), system("zero", lr), "<",
+                             text=f"held-out NLL at lr {lr:g}: Init[AB] with the base-weight reset (same start as "
+                                  "zero init) below zero init"))  # fmt: skip
+    out.append(Claim(NLL, system("nz", "best"), system("zero", "best"), "<", gate=False,
+                     text="held-out NLL, each init at its dev-selected best lr: non-zero below zero (reported; the "
+                          "paper expects about equal)"))  # fmt: skip
+    if len(lrs) > 1:
+        out.append(Claim("nll_auc", "nz", "zero", "<", gate=False,
+                         text="area under the NLL-vs-log-lr curve: non-zero below zero (reported)"))  # fmt: skip
+    if "nz_reset" in cfg.inits:
+        lr = best["nz"]
+        out.append(Claim(NLL, system("nz", lr), system("nz_reset", lr), "<", gate=False,
+                         text=f"held-out NLL at nz's best lr {lr:g}: without the reset below with it (reported; "
+                              "about equal expected for beta <= 1)"))  # fmt: skip
+        out.append(Claim("step0_abs_dnll", "nz_reset@step0", "nz@step0", "<", mechanism=True,
+                         text="at step 0 the reset keeps the pretrained model (|dNLL| ~ 0) while plain Init[AB] "
+                              "moves it"))  # fmt: skip
+    if cfg.beta_sweep:
+        b = max(cfg.beta_sweep)
+        out.append(Claim(NLL, system("nz", cfg.beta_sweep_lr, b), system("nz_reset", cfg.beta_sweep_lr, b), ">",
+                         gate=False, text=f"at the largest beta {b:g}, lr {cfg.beta_sweep_lr:g}: the init noise "
+                                          "hurts without the reset (reported)"))  # fmt: skip
+    return out
+
+
+def _figure(ctx: Any, cfg: Any, table: list[dict[str, Any]], lrs: list[float]) -> None:
+    from lmlab.core.plotting import lines, title_for
+
+    series = {m: [next(r["eval_nll"] for r in table if r["init"] == m and r["lr"] == lr) for lr in lrs]
+              for m in cfg.inits}  # fmt: skip
+    x = [math.log10(lr) for lr in lrs]
+    ctx.add_figure("nll_vs_lr", lines(x, series, title=title_for("nonzero_lora", str(cfg.model), cfg.seed,
+                                                                 cfg.eval_items, "held-out NLL vs lr"),
+                                      xlabel="log10 learning rate", ylabel="answer NLL (nats)"))  # fmt: skip

@@ -1,0 +1,265 @@
+"""NZ-LoRA (Init[AB]) invariants on the tiny llama with peft: the paper's init scale, outputs unchanged at step 0
+with the reset (exact up to float rounding), any LoRA config, the zero-init gradient fact, and bad input."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from lmlab.methods.adaptation.nonzero_lora import method as M
+
+TARGETS = ["q_proj", "v_proj", "up_proj", "down_proj"]
+
+
+def _peft(base, **kw):
+    from peft import LoraConfig, get_peft_model
+
+    cfg = dict(r=8, lora_alpha=16, target_modules=TARGETS, lora_dropout=0.0)
+    cfg.update(kw)
+    return get_peft_model(copy.deepcopy(base), LoraConfig(**cfg))
+
+
+def _x() -> torch.Tensor:
+    return torch.randint(0, 250, (2, 11), generator=torch.Generator().manual_seed(3))
+
+
+def _logits(model, x) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=x).logits
+
+
+@pytest.mark.parametrize("beta", [0.25, 1.0, 4.0])
+def test_init_scale_matches_the_formula(tiny_llama, beta):
+    model = _peft(tiny_llama)
+    rec = M.init_nonzero_lora(model, beta_a=beta, beta_b=beta, generator=torch.Generator().manual_seed(0))
+    assert len(rec.layers) == 2 * len(TARGETS)  # 2 blocks
+    for info, (name, layer) in zip(rec.layers, M.lora_layers(model)):
+        a, b = layer.lora_A["default"].weight.detach(), layer.lora_B["default"].weight.detach()
+        n_in = a.shape[1]
+        bound = math.sqrt(beta / n_in)
+        assert info.name == name and info.bound_a == pytest.approx(bound) and info.bound_b == pytest.approx(bound)
+        for w in (a, b):  # U(-bound, bound): inside, reaching near the edge, std bound / sqrt(3)
+            assert float(w.abs().max()) <= bound
+            assert float(w.abs().max()) > 0.9 * bound
+            assert float(w.std()) == pytest.approx(bound / math.sqrt(3), rel=0.2)
+    # beta = 1 is peft's kaiming-uniform(a=sqrt 5) bound for A: 1 / sqrt(n_in)
+    assert M.nonzero_bound(64, 1.0) == pytest.approx(1 / 8)
+
+
+def test_b_fan_out_uses_the_output_dimension(tiny_llama):
+    model = _peft(tiny_llama, target_modules=["up_proj"])  # 64 -> 128: not square
+    rec = M.init_nonzero_lora(model, beta_b=2.0, b_fan="out", generator=torch.Generator().manual_seed(0))
+    info = rec.layers[0]
+    assert (info.in_features, info.out_features) == (64, 128)
+    assert info.bound_b == pytest.approx(math.sqrt(2.0 / 128)) and info.bound_a == pytest.approx(math.sqrt(1 / 64))
+
+
+def test_reset_leaves_the_outputs_unchanged_at_step_0(tiny_llama):
+    x = _x()
+    ref = _logits(tiny_llama, x)
+    model = _peft(tiny_llama)
+    M.init_nonzero_lora(model, reset_weight=True, generator=torch.Generator().manual_seed(1))
+    out = _logits(model, x)
+    scale = float(ref.abs().max())
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * scale)
+    # without the reset the same draws move the model: the check above is sensitive
+    plain = _peft(tiny_llama)
+    M.init_nonzero_lora(plain, reset_weight=False, generator=torch.Generator().manual_seed(1))
+    assert float((_logits(plain, x) - ref).abs().max()) > 100 * float((out - ref).abs().max())
+    # the factors really are non-zero at the paper's scale
+    stats = M.lora_factor_stats(model)
+    assert all(s["max_abs_b"] > 0.05 and s["product_fro"] > 0 for s in stats.values())
+
+
+def test_reset_is_exact_in_float64(tiny_llama):
+    base = copy.deepcopy(tiny_llama).double()
+    x = _x()
+    ref = _logits(base, x)
+    model = _peft(base)
+    M.init_nonzero_lora(model, reset_weight=True, generator=torch.Generator().manual_seed(1))
+    assert float((_logits(model, x) - ref).abs().max()) < 1e-10
+
+
+def test_any_lora_config_rslora_other_adapter_and_merge(tiny_llama):
+    from peft import LoraConfig
+
+    x = _x()
+    ref = _logits(tiny_llama, x)
+    all_targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = _peft(tiny_llama, r=4, lora_alpha=8, use_rslora=True, target_modules=all_targets)
+    model.add_adapter("other", LoraConfig(r=2, lora_alpha=2, target_modules=["q_proj"]))
+    before_default = {n: lyr.lora_B["default"].weight.clone() for n, lyr in M.lora_layers(model, "default")}
+    rec = M.init_nonzero_lora(model, adapter="other", reset_weight=True, generator=torch.Generator().manual_seed(2))
+    assert len(rec.layers) == 2 and all(info.r == 2 for info in rec.layers)
+    # only the named adapter changed; the other still has peft's B = 0
+    assert all(torch.equal(lyr.lora_B["default"].weight, before_default[n]) for n, lyr in M.lora_layers(model))
+    model.set_adapter("other")
+    torch.testing.assert_close(_logits(model, x), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+    # rsLoRA: the reset used peft's scaling alpha / sqrt(r)
+    m2 = _peft(tiny_llama, r=4, lora_alpha=8, use_rslora=True)
+    rec2 = M.init_nonzero_lora(m2, reset_weight=True, generator=torch.Generator().manual_seed(2))
+    assert rec2.layers[0].scaling == pytest.approx(8 / math.sqrt(4))
+    torch.testing.assert_close(_logits(m2, x), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+    # merge_and_unload folds s B0 A0 back into the reset W0: the plain model equals the pretrained one
+    merged = m2.merge_and_unload()
+    for (name, p), (_, q) in zip(merged.named_parameters(), tiny_llama.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_restore_and_rebuild_a_reset_base(tiny_llama):
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    model = _peft(tiny_llama)
+    rec = M.init_nonzero_lora(model, reset_weight=True, generator=torch.Generator().manual_seed(4))
+    init_adapter = {k: v.clone() for k, v in get_peft_model_state_dict(model).items()}
+    reset_w = {n: lyr.get_base_layer().weight.clone() for n, lyr in M.lora_layers(model)}
+    # rebuild from the saved initial adapter on a fresh base
+    fresh = _peft(tiny_llama)
+    set_peft_model_state_dict(fresh, init_adapter)
+    M.reset_base_weight(fresh)
+    for n, lyr in M.lora_layers(fresh):
+        assert torch.equal(lyr.get_base_layer().weight, reset_w[n])
+    # undo the reset with the kept factors
+    M.restore_base_weight(model, rec)
+    orig = dict(tiny_llama.named_parameters())
+    for n, lyr in M.lora_layers(model):
+        key = n.replace("base_model.model.", "", 1) + ".weight"
+        torch.testing.assert_close(lyr.get_base_layer().weight, orig[key], rtol=0, atol=1e-6)
+
+
+def test_zero_init_gives_no_gradient_to_A_at_step_0_and_nz_does(tiny_llama):
+    """The paper's mechanism: with B0 = 0, dL/dA = 0 at step 0 (one update path); Init[AB] gives both factors a
+    gradient from the first step."""
+    x = _x()
+    grads = {}
+    for mode in ("zero", "nz"):
+        torch.manual_seed(0)
+        model = _peft(tiny_llama)
+        M.init_lora(model, mode, generator=torch.Generator().manual_seed(0))
+        out = model(input_ids=x, labels=x)
+        out.loss.backward()
+        layers = list(M.lora_layers(model))
+        grads[mode] = [(float(lyr.lora_A["default"].weight.grad.abs().max()),
+                        float(lyr.lora_B["default"].weight.grad.abs().max())) for _, lyr in layers]  # fmt: skip
+    assert all(ga == 0.0 and gb > 0 for ga, gb in grads["zero"])
+    assert all(ga > 0 and gb > 0 for ga, gb in grads["nz"])
+
+
+def test_peft_init_false_is_not_init_ab(tiny_llama):
+    """peft's init_lora_weights=False keeps nn.Linear's default init: B's bound is 1/sqrt(r), far above Init[AB]'s."""
+    model = _peft(tiny_llama, init_lora_weights=False)
+    _, layer = next(iter(M.lora_layers(model)))
+    assert float(layer.lora_B["default"].weight.abs().max()) > 2 * M.nonzero_bound(64, 1.0)
+    assert float(layer.lora_B["default"].weight.abs().max()) <= 1 / math.sqrt(8)
+
+
+def test_same_generator_same_init(tiny_llama):
+    a, b = _peft(tiny_llama), _peft(tiny_llama)
+    M.apply_nonzero_lora_init(a, generator=torch.Generator().manual_seed(7))
+    M.apply_nonzero_lora_init(b, generator=torch.Generator().manual_seed(7))
+    for (_, la), (_, lb) in zip(M.lora_layers(a), M.lora_layers(b)):
+        assert torch.equal(la.lora_A["default"].weight, lb.lora_A["default"].weight)
+        assert torch.equal(la.lora_B["default"].weight, lb.lora_B["default"].weight)
+
+
+def test_lr_sweep_on_the_full_peft_model(tiny_llama):
+    from peft import LoraConfig, get_peft_model
+
+    x = _x()
+
+    def build():
+        return get_peft_model(copy.deepcopy(tiny_llama), LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
+
+    def loss_fn(model, batch):
+        return model(input_ids=batch, labels=batch).loss
+
+    def eval_fn(model):
+        logp = torch.log_softmax(model(input_ids=x).logits[:, :-1].float(), -1)
+        return {"nll": (-logp.gather(-1, x[:, 1:, None]).squeeze(-1).sum(-1)).tolist()}
+
+    base = eval_fn(tiny_llama)["nll"]
+    runs = M.lr_sweep(build, loss_fn, eval_fn, [x, x], lrs=[1e-3, 1e-2], seeds=[0], eval_step0=True)
+    assert [(r.mode, r.lr) for r in runs] == [(m, lr) for m in M.INIT_MODES for lr in (1e-3, 1e-2)]
+    assert all(len(r.losses) == 2 and len(r.eval["nll"]) == 2 for r in runs)
+    for r in runs:
+        if r.mode in ("zero", "nz_reset"):  # both start at the pretrained model
+            assert r.eval0["nll"] == pytest.approx(base, rel=1e-5, abs=1e-4)
+        else:
+            assert abs(r.eval0["nll"][0] - base[0]) > 1e-3
+        assert r.eval["nll"][0] < r.eval0["nll"][0]  # training on the same sequence lowers its NLL
+    rows = M.sweep_table(runs)
+    assert len(rows) == 6 and {r["n"] for r in rows} == {2}
+
+
+def test_padded_cache_scores_match_full_model_loglikelihood(tiny_llama, tiny_tokenizer):
+    from lmlab.core.partial import FrozenTrunk
+    from lmlab.core.scoring import _pad_id, loglikelihood
+    from lmlab.core.sft import encode_sequences
+    from lmlab.methods.adaptation.nonzero_lora.experiment import PaddedCache, answer_scores
+
+    pairs = [("Q: a?\nA:", " XYZ"), ("Q: longer question here?\nA:", " AB"), ("Q: b?\nA:", " Q")]
+    trunk = FrozenTrunk(tiny_llama, 1)
+    cache = PaddedCache(trunk, encode_sequences(tiny_tokenizer, *zip(*pairs)), _pad_id(tiny_tokenizer))
+    nll, em = answer_scores(trunk.reference, cache)
+    want = [-lp for lp, _ in loglikelihood(tiny_llama, tiny_tokenizer, pairs)]
+    assert nll == pytest.approx(want, rel=1e-4, abs=1e-4)
+    assert set(em) <= {0.0, 1.0}
+
+
+def test_bad_input_errors(tiny_llama):
+    model = _peft(tiny_llama)
+    with pytest.raises(ValueError, match="beta_a must be a finite number > 0"):
+        M.init_nonzero_lora(model, beta_a=0.0)
+    with pytest.raises(ValueError, match="beta_b must be"):
+        M.init_nonzero_lora(model, beta_b=float("nan"))
+    with pytest.raises(ValueError, match="b_fan must be one of"):
+        M.init_nonzero_lora(model, b_fan="both")
+    with pytest.raises(ValueError, match="no peft LoRA layer holds adapter 'nope'"):
+        M.init_nonzero_lora(model, adapter="nope")
+    with pytest.raises(ValueError, match="no peft LoRA layer"):
+        M.init_nonzero_lora(copy.deepcopy(tiny_llama))  # a plain model, not a peft one
+    with pytest.raises(ValueError, match="mode must be one of"):
+        M.init_lora(model, "gaussian")
+    M.init_lora(model, "nz")
+    with pytest.raises(ValueError, match="mode 'zero' expects peft's default init"):
+        M.init_lora(model, "zero")
+    with pytest.raises(ValueError, match="embedding LoRA"):
+        M.init_nonzero_lora(_peft(tiny_llama, target_modules=["embed_tokens"]))
+    with pytest.raises(ValueError, match="DoRA"):
+        M.init_nonzero_lora(_peft(tiny_llama, use_dora=True))
+    merged = _peft(tiny_llama)
+    merged.merge_adapter()
+    with pytest.raises(ValueError, match="unmerge"):
+        M.init_nonzero_lora(merged)
+    with pytest.raises(ValueError, match="fan must be an int"):
+        M.nonzero_bound(0, 1.0)
+    with pytest.raises(ValueError, match="lr must be a finite number > 0"):
+        M.train_steps(model, lambda m, b: torch.zeros(()), [0], 0.0)
+    with pytest.raises(ValueError, match="must be non-empty"):
+        M.lr_sweep(lambda: model, None, None, [0], lrs=[])
+    rec = M.init_nonzero_lora(model, reset_weight=False)
+    with pytest.raises(ValueError, match="nothing to restore"):
+        M.restore_base_weight(model, rec)
+
+
+def test_config_validation_and_constants():
+    from lmlab.methods.adaptation.nonzero_lora import config as C
+
+    assert C.INIT_MODES == M.INIT_MODES and C.B_FANS == M.B_FANS
+    cfg = C.NonZeroLoRAConfig()
+    assert cfg.n_seeds >= 2 and cfg.claim_lrs == 2 and "zero" in cfg.inits
+    for bad, match in [
+        ({"inits": ["zero", "nz_reset"]}, "inits must include 'nz'"),
+        ({"inits": ["zero", "nz", "pissa"]}, "inits entries"),
+        ({"lrs": []}, "lrs must be"),
+        ({"lrs": [0.0]}, "lrs entries"),
+        ({"target_modules": ["embed_tokens"]}, "target_modules"),
+        ({"claim_lrs": 9}, "claim_lrs"),
+        ({"beta": 0.0}, "beta"),
+        ({"b_fan": "both"}, "b_fan"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            C.NonZeroLoRAConfig(**bad)
