@@ -13,8 +13,8 @@ beam B, depth = countries):
 2. **Systems, same questions, same process, interleaved per question** with every PRM in `prms`: small-only beam,
    large-only beam, SpecSearch (one large-model thought at the root gives beta_0, the small model drafts the rest);
    with the headline PRM also the ablations accept-every-draft (no quality-preserving rejection; the large model
-   still writes the cold-start thought), a fixed threshold instead of the EMA, and ``cold_start_all`` (the large
-   model writes the whole root, so depth 0 is large-only search by construction).
+   still writes the cold-start thought), a fixed threshold instead of the EMA, and (with ``cold_start_ablation``)
+   ``cold_start_all`` (the large model writes the whole root, so depth 0 is large-only search by construction).
 3. **Metrics**: step accuracy and all-steps-correct, graded by gold capitals (never the PRM); per model forward calls,
    prefill and decode tokens, the FLOP proxy (including the prefill of the other model's text after a switch), the
    PRM's cost, a no-prefix-cache cost model, a projected cost at the paper's size ratio, wall time, acceptance rate
@@ -234,7 +234,7 @@ def run(cfg: Any, ctx: Any):
             q, small, large, prm, step_prefixes=pre, threshold=cfg.fixed_threshold, n_cold_start=cold, **common
         )
         sys_prm.update(accept_all=head, fixed_threshold=head)
-        if cold != cfg.n:
+        if cold != cfg.n and cfg.cold_start_ablation:
             # the large model writes the whole root (beta_0 from all n of its thoughts): depth 0 is large-only search
             # by construction, so this trades the root's savings for a better-estimated beta_0
             systems["cold_start_all"] = lambda q, pre: spec_search(
