@@ -434,8 +434,12 @@ def _accuracy_claims(systems: Sequence[str]) -> list[Claim]:
             "graphfilter",
             "random",
             ">",
-            mechanism=True,
-            text="the set cover covers more of the pool's n-grams than random (by construction)",
+            gate=False,
+            # not a mechanism check: the priority is Q(u) x (tf-idf mass of u's uncovered n-grams, rows l2-normed),
+            # so a high-quality short example can outrank a long one and the raw n-gram count is not what is
+            # maximised (measured at default: 0.22 vs random's 0.28)
+            text="the selection covers more of the pool's distinct n-grams than random (reported; the quality factor "
+            "and the l2-normed tf-idf weights trade raw coverage for quality)",
         )
     )
     claims.append(
