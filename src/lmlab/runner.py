@@ -156,6 +156,10 @@ class RunContext:
         except KeyError:
             raise KeyError(f"nothing recorded for system {system!r}, metric {metric!r}") from None
 
+    def has(self, system: str, metric: str) -> bool:
+        """Whether anything was recorded for `system` / `metric`."""
+        return (system, metric) in self._values
+
     def clusters(self, system: str, metric: str) -> list[Any] | None:
         """The cluster ids recorded with `system` / `metric`, or None when each value is its own unit."""
         self.values(system, metric)

@@ -7,7 +7,7 @@ trains only the top k. Methods that train on (prompt, chosen, rejected) pairs sh
   the chat template with an explicit system turn (and no doubled BOS), or a template-free ``Question/Answer`` form;
 - `encode_pairs` -> `PairCache`: the pairs tokenised with TRL's boundary rule (`lmlab.core.preference`), left-padded,
   rows ``[chosen_0..chosen_{n-1}, rejected_0..rejected_{n-1}]``, run once through a `FrozenTrunk`;
-- `slice_cache`: the `TrunkCache` of a subset of rows (minibatches of a cached set);
+- `slice_cache` (from `lmlab.core.partial`, re-exported): the `TrunkCache` of a subset of rows (minibatches);
 - `response_logps`: `SeqLogps` of cached rows under a `TopK` (`lmlab.core.partial.response_token_logps`, the LM head
   on response positions only, then `lmlab.core.preference.logps_from_token_logps`);
 - `score_pairs` -> `PairScores`: summed / mean log-probs of every cached pair under a policy or the reference;
@@ -24,7 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.partial import FrozenTrunk, TopK, TrunkCache, policy_model, response_token_logps  # noqa: F401 (re-export)
+from lmlab.core.partial import (  # noqa: F401 (re-exported: policy_model, slice_cache)
+    FrozenTrunk,
+    TopK,
+    TrunkCache,
+    policy_model,
+    response_token_logps,
+    slice_cache,
+)
 from lmlab.core.preference import SeqLogps, build_pair_batch, logps_from_token_logps
 from lmlab.core.scoring import has_chat_template
 
@@ -137,40 +144,6 @@ def encode_pairs(
     batch = build_pair_batch(tokenizer, ps, cs, rs, chat=False, padding_side="left")  # (2n, T)
     cache = trunk(batch.input_ids, batch.attention_mask, batch.position_ids)
     return PairCache(cache, batch.response_mask, len(ps))
-
-
-def _take(x: Any, rows: torch.Tensor, b: int, name: str = "") -> Any:
-    if name == "cache_position":  # (T,): positions, not rows
-        return x
-    if isinstance(x, torch.Tensor):
-        return x.index_select(0, rows) if x.ndim >= 1 and x.shape[0] == b else x  # size-1 dims broadcast
-    if isinstance(x, tuple):
-        return tuple(_take(v, rows, b) for v in x)
-    if isinstance(x, list):
-        return [_take(v, rows, b) for v in x]
-    if isinstance(x, dict):
-        return {k: _take(v, rows, b, k) for k, v in x.items()}
-    return x
-
-
-def slice_cache(cache: TrunkCache, rows: Any) -> TrunkCache:
-    """The `TrunkCache` of a subset of its rows: every per-row tensor (hidden states (b, T, hidden), masks, rotary
-    tables, ids (b, T)) indexed along its batch dimension, so the top blocks see exactly what they would in the full
-    batch."""
-    b = cache.hidden.shape[0]
-    rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
-    if rows.numel() == 0 or int(rows.min()) < 0 or int(rows.max()) >= b:
-        raise ValueError(f"rows must be a non-empty set of indices in [0, {b}), got {rows.tolist()[:8]}")
-    return TrunkCache(
-        cache.hidden.index_select(0, rows),
-        [_take(kw, rows, b) for kw in cache.layer_kwargs],
-        cache.input_ids.index_select(0, rows),
-        cache.attention_mask.index_select(0, rows),
-        cache.position_ids.index_select(0, rows),
-        cache.k,
-        cache.n_layers,
-        [_take(a, rows, b) for a in cache.layer_args],
-    )
 
 
 def response_logps(topk: TopK, cache: TrunkCache, response_mask: torch.Tensor) -> SeqLogps:

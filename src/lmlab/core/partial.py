@@ -414,3 +414,37 @@ def policy_model(model: Any, topk: TopK) -> Any:
             memo[id(t)] = t
     clone = copy.deepcopy(model, memo)
     return merge_back(clone, topk).eval()
+
+
+def _take(x: Any, rows: torch.Tensor, b: int, name: str = "") -> Any:
+    if name == "cache_position":  # (T,): positions, not rows
+        return x
+    if isinstance(x, torch.Tensor):
+        return x.index_select(0, rows) if x.ndim >= 1 and x.shape[0] == b else x  # size-1 dims broadcast
+    if isinstance(x, tuple):
+        return tuple(_take(v, rows, b) for v in x)
+    if isinstance(x, list):
+        return [_take(v, rows, b) for v in x]
+    if isinstance(x, dict):
+        return {k: _take(v, rows, b, k) for k, v in x.items()}
+    return x
+
+
+def slice_cache(cache: TrunkCache, rows: Any) -> TrunkCache:
+    """The `TrunkCache` of a subset of its rows: every per-row tensor (hidden states (b, T, hidden), masks, rotary
+    tables, ids (b, T)) indexed along its batch dimension, so the top blocks see exactly what they would in the full
+    batch."""
+    b = cache.hidden.shape[0]
+    rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
+    if rows.numel() == 0 or int(rows.min()) < 0 or int(rows.max()) >= b:
+        raise ValueError(f"rows must be a non-empty set of indices in [0, {b}), got {rows.tolist()[:8]}")
+    return TrunkCache(
+        cache.hidden.index_select(0, rows),
+        [_take(kw, rows, b) for kw in cache.layer_kwargs],
+        cache.input_ids.index_select(0, rows),
+        cache.attention_mask.index_select(0, rows),
+        cache.position_ids.index_select(0, rows),
+        cache.k,
+        cache.n_layers,
+        [_take(a, rows, b) for a in cache.layer_args],
+    )

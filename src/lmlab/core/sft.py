@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.partial import response_token_logps
+from lmlab.core.partial import response_token_logps, slice_cache
 
 CACHE_CHUNK = 32  # sequences of one length per trunk / top-k forward
 
@@ -49,19 +49,6 @@ def encode_sequences(tokenizer: Any, prompts: Sequence[str], responses: Sequence
                              "tokenisation")  # fmt: skip
         out.append((ctx_ids + cont, len(ctx_ids)))
     return out
-
-
-def _take(x: Any, idx: torch.Tensor, b: int) -> Any:
-    """Rows `idx` of every batch-major tensor (ndim >= 2, first dim b) in a nested structure; others unchanged."""
-    if isinstance(x, torch.Tensor):
-        return x.index_select(0, idx) if x.ndim >= 2 and x.shape[0] == b else x
-    if isinstance(x, tuple):
-        return tuple(_take(v, idx, b) for v in x)
-    if isinstance(x, list):
-        return [_take(v, idx, b) for v in x]
-    if isinstance(x, dict):
-        return {k: _take(v, idx, b) for k, v in x.items()}
-    return x
 
 
 class SeqCache:
@@ -99,14 +86,8 @@ class SeqCache:
             by_group[self.where[i][0]].append(i)
         for g, members in sorted(by_group.items()):
             cache, tmask = self.groups[g]
-            b = cache.hidden.shape[0]
             rows = torch.tensor([self.where[i][1] for i in members], dtype=torch.long)
-            sub = type(cache)(
-                _take(cache.hidden, rows, b), _take(cache.layer_kwargs, rows, b), _take(cache.input_ids, rows, b),
-                _take(cache.attention_mask, rows, b), _take(cache.position_ids, rows, b), cache.k, cache.n_layers,
-                _take(cache.layer_args, rows, b),
-            )  # fmt: skip
-            yield sub, tmask.index_select(0, rows), members
+            yield slice_cache(cache, rows), tmask.index_select(0, rows), members
 
 
 def sequence_scores(topk: Any, cache: SeqCache, seq_ids: Sequence[int]) -> dict[int, float]:

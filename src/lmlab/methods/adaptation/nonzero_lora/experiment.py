@@ -88,14 +88,10 @@ class PaddedCache:
 
     def batch(self, rows: list[int]) -> tuple[Any, torch.Tensor]:
         """(TrunkCache of `rows`, their target mask)."""
-        from lmlab.core.sft import _take
+        from lmlab.core.partial import slice_cache
 
-        c, idx = self.cache, torch.tensor(rows, dtype=torch.long)
-        n = self.n
-        sub = type(c)(_take(c.hidden, idx, n), _take(c.layer_kwargs, idx, n), _take(c.input_ids, idx, n),
-                      _take(c.attention_mask, idx, n), _take(c.position_ids, idx, n), c.k, c.n_layers,
-                      _take(c.layer_args, idx, n))  # fmt: skip
-        return sub, self.tmask.index_select(0, idx)
+        idx = torch.tensor(rows, dtype=torch.long)
+        return slice_cache(self.cache, idx), self.tmask.index_select(0, idx)
 
 
 def answer_scores(topk: Any, cache: PaddedCache, chunk: int = 32) -> tuple[list[float], list[float]]:

@@ -210,16 +210,8 @@ def _record_final(ctx: Any, name: str, results: list[IncrementResult], facts: di
             ctx.record(f"{name}@after_last", "general", last.general, note="after the last increment")
 
 
-def _has(ctx: Any, system: str, metric: str) -> bool:
-    try:
-        ctx.values(system, metric)
-        return True
-    except KeyError:
-        return False
-
-
 def _best_other(ctx: Any, metric: str, me: str, pool: Sequence[str]) -> str | None:
-    others = [m for m in pool if m != me and _has(ctx, m, metric)]
+    others = [m for m in pool if m != me and ctx.has(m, metric)]
     return max(others, key=lambda m: float(np.mean(ctx.values(m, metric)))) if others else None
 
 
@@ -229,39 +221,39 @@ def _claims(ctx: Any, cfg: Any) -> list[Claim]:
     if "rag" in ms:
         for metric, what in (("edit_acc", "edit accuracy on the last increment"), ("retention", "retention")):
             best = _best_other(ctx, metric, "rag", ms)
-            if best and _has(ctx, "rag", metric):
+            if best and ctx.has("rag", metric):
                 claims.append(Claim(metric, "rag", best, ">", text=f"rag_best: RAG's {what} is above the best other "
                                     f"editor's ({best}), paired by fact"))  # fmt: skip
         for m in ms:
-            if m in PARAMETRIC and _has(ctx, "rag", "mhop") and _has(ctx, m, "mhop"):
+            if m in PARAMETRIC and ctx.has("rag", "mhop") and ctx.has(m, "mhop"):
                 claims.append(Claim("mhop", "rag", m, ">", text=f"mhop_low: {m}'s multi-hop accuracy is below RAG's"))
     if "lora_merge" in ms:
         params = [m for m in ms if m in PARAMETRIC]
         for metric in ("locality", "general"):
             best = _best_other(ctx, metric, "lora_merge", params)
-            if best and _has(ctx, "lora_merge", metric):
+            if best and ctx.has("lora_merge", metric):
                 claims.append(Claim(metric, "lora_merge", best, ">", text=f"merge_best_parametric: LoRA-Merge's "
                                     f"{metric} is above the best other parametric editor's ({best})"))  # fmt: skip
         for m in ("lora", "ft"):
-            if m in ms and _has(ctx, "lora_merge", "retention") and _has(ctx, m, "retention"):
+            if m in ms and ctx.has("lora_merge", "retention") and ctx.has(m, "retention"):
                 claims.append(Claim("retention", "lora_merge", m, ">", text=f"merge_best_parametric: LoRA-Merge "
                                     f"retains past increments better than {m}"))  # fmt: skip
     for m in ("rome", "memit"):
         if m not in ms:
             continue
         gate = m == "rome"  # the paper's ROME claim; MEMIT's is reported beside it
-        if _has(ctx, m, "edit_acc"):
+        if ctx.has(m, "edit_acc"):
             claims.append(Claim("edit_acc", m, "pre_edit", ">", min_effect=cfg.min_effect, gate=gate,
                                 text=f"{m}_degrades: {m.upper()}'s edit accuracy on the current increment is high "
                                      f"(above the unedited model's by > {cfg.min_effect:g})"))  # fmt: skip
         for metric, what in (("first_increment_acc", "accuracy"), ("first_increment_locality", "locality"),
                              ("general", "general-fact accuracy")):  # fmt: skip
             a, b = f"{m}@after_first", f"{m}@after_last"
-            if _has(ctx, a, metric) and _has(ctx, b, metric):
+            if ctx.has(a, metric) and ctx.has(b, metric):
                 whose = "" if metric == "general" else " of the first increment's facts"
                 text = f"{m}_degrades: {what}{whose} falls from right after the first increment to the end"
                 claims.append(Claim(metric, a, b, ">", gate=gate, text=text))
-        if m == "rome" and _has(ctx, "rome", "rank_one_residual"):
+        if m == "rome" and ctx.has("rome", "rank_one_residual"):
             claims.append(
                 Claim(
                     "rank_one_residual",

@@ -79,14 +79,6 @@ def _limited(cfg: Any, n: int) -> int:
     return n if cfg.limit is None else min(n, cfg.limit)
 
 
-def _has(ctx: Any, system: str, metric: str) -> bool:
-    try:
-        ctx.values(system, metric)
-        return True
-    except KeyError:
-        return False
-
-
 def _heads(model: Any) -> tuple[int, int, int]:
     c = model.config
     d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -575,5 +567,5 @@ def _run(cfg: Any, ctx: Any):
         claims.append(
             Claim("retrieval_accuracy", s, st, ">", text="gated retrieval: ShadowKV > StreamingLLM", gate=False)
         )
-    claims = [c for c in claims if _has(ctx, c.method, c.metric) and _has(ctx, c.baseline, c.metric)]
+    claims = [c for c in claims if ctx.has(c.method, c.metric) and ctx.has(c.baseline, c.metric)]
     return ctx.finish(claims)
