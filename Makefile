@@ -30,7 +30,7 @@ $(VENV)/.torch: | $(BIN)/python
 	touch $@
 
 $(VENV)/.lmlab: pyproject.toml $(VENV)/.torch
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,federated]"
 	touch $@
 
 $(VENV)/.models: $(VENV)/.torch

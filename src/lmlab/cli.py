@@ -8,6 +8,8 @@
     lmlab reproduce [ID ... | --only ID ... | --area AREA | --all] [--quick] [--strict] [--resume] [--out DIR]
     lmlab models [--check] [--json]
     lmlab data list | lmlab data show SUITE [--n 5] [--seed 0] [--split test]
+    lmlab cache build [--suite mixed] [--seed 0] [--n 120] [--variants a,b] [--out DIR] [--no-resume]
+    lmlab cache show [--suite mixed] [--seed 0]
     lmlab serve [--model M] [--engine fast|fast-int4|hf] [--host H] [--port N] [--max-batch N]
                 [--max-context N] [--served-name NAME] [--strategy JSON] [--threads N]
     lmlab env
@@ -488,9 +490,56 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=cmd_serve)
 
+    p = sub.add_parser("cache", help="build or show the shared response cache (model-variant zoo x suite)")
+    csub = p.add_subparsers(dest="cache_command", metavar="SUBCOMMAND", required=True)
+    c = csub.add_parser("build", help="run the zoo's variants on a suite and save the per-query results")
+    c.add_argument("--suite", default="mixed")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--n", type=int, default=120, help="queries, split evenly over the suite's tasks")
+    c.add_argument("--variants", default=None, help="comma-separated variant ids (default: the whole zoo)")
+    c.add_argument("--out", default=None, help="cache folder (default $LMLAB_CACHE/responses)")
+    c.add_argument("--no-resume", dest="resume", action="store_false", help="rebuild variants with a part file")
+    c.add_argument("--batch-size", dest="batch_size", type=int, default=16)
+    c.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=16)
+    c.add_argument("--no-progress", dest="no_progress", action="store_true")
+    c.add_argument("-v", "--verbose", action="count", default=0)
+    c.add_argument("-q", "--quiet", action="store_true")
+    c.set_defaults(func=cmd_cache)
+    c = csub.add_parser("show", help="print the accuracy matrix variant x task, mean cost and failed variants")
+    c.add_argument("--suite", default="mixed")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", default=None, help="cache folder to read (default: the user's, else the packaged one)")
+    c.set_defaults(func=cmd_cache)
+
     p = sub.add_parser("env", help="versions, git hash, CPU and threads (for bug reports)")
     p.set_defaults(func=cmd_env)
     return parser
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from lmlab.data.respcache import cache_filename, load_cache
+    from lmlab.data.zoo import build_cache, format_matrix
+
+    if args.cache_command == "build":
+        if args.n < 1:
+            raise UsageError(f"--n must be >= 1, got {args.n}")
+        from lmlab.runner import quiet_transformers
+
+        with quiet_transformers():
+            cache = build_cache(args.suite, args.seed, args.n, variants=args.variants, out=args.out,
+                                resume=args.resume, progress=not args.no_progress, batch_size=args.batch_size,
+                                max_new_tokens=args.max_new_tokens)  # fmt: skip
+        print(format_matrix(cache))
+        return EXIT_OK
+    path = Path(args.out) / cache_filename(args.suite, args.seed) if args.out else None
+    try:
+        cache = load_cache(args.suite, args.seed, path=path)
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
+    print(format_matrix(cache))
+    return EXIT_OK
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:

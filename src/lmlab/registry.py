@@ -65,6 +65,10 @@ METHOD_INDEX: tuple[str, ...] = (
     "analysis/wikibigedit",
     "adaptation/nonzero_lora",
     "adaptation/d_reft",
+    "selection/cascade_routing",
+    "selection/kabb",
+    "evaluation/pmf_predict",
+    "evaluation/cv_winrate",
 )
 
 _ID_RE = re.compile(r"^[a-z][a-z0-9_]*[a-z0-9]$")

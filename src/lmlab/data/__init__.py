@@ -34,6 +34,7 @@ SUITE_INDEX: Mapping[str, str] = {
     "glyphs": "lmlab.data.glyphs",
     "geobigedit": "lmlab.data.geobigedit",
     "taskbank": "lmlab.data.taskbank",
+    "prefs": "lmlab.data.prefs",
 }
 
 

@@ -1,0 +1,1 @@
+"""Evaluation methods (predicting, estimating and probing model performance)."""

@@ -1,0 +1,1 @@
+"""Selection methods (choosing, routing and coordinating among a pool of models)."""
