@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lmlab.core.lora import PaddedCache, answer_scores, index_batches  # noqa: F401 (moved; re-exported)
 from lmlab.core.seeding import derive_seed
 from lmlab.results import Claim
 
@@ -53,66 +54,8 @@ def load_items(ctx: Any, cfg: Any) -> tuple[list[Any], list[Any], list[Any]]:
     return train, dev, test
 
 
-def _batches(n_train: int, steps: int, batch: int, seed: int) -> list[list[int]]:
-    """`steps` batches of train indices: seeded epochs of permutations, cut into batches of `batch`."""
-    rng = np.random.default_rng(seed)
-    order: list[int] = []
-    while len(order) < steps * batch:
-        order += rng.permutation(n_train).tolist()
-    return [order[i * batch : (i + 1) * batch] for i in range(steps)]
-
-
-class PaddedCache:
-    """The frozen trunk's output for every (prompt, answer) sequence, right-padded to one length and run once.
-
-    One padded batch instead of `lmlab.core.sft.SeqCache`'s per-length groups: a training batch of random items is
-    then one forward of the top blocks (SeqCache would split it into ~6 groups of one or two sequences, and small
-    matmuls are slow on CPU). Right padding: pad positions come after every real token, so no attention row is
-    fully masked; ``tmask`` (N, T-1) marks the positions that predict an answer token.
-    """
-
-    def __init__(self, trunk: Any, seqs: list[tuple[list[int], int]], pad_id: int) -> None:
-        if not seqs:
-            raise ValueError("PaddedCache needs at least one sequence")
-        width = max(len(ids) for ids, _ in seqs)
-        n = len(seqs)
-        ids = torch.full((n, width), pad_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        self.tmask = torch.zeros((n, width - 1), dtype=torch.bool)  # (N, T-1)
-        for i, (row, n_prompt) in enumerate(seqs):
-            ids[i, : len(row)] = torch.tensor(row)
-            mask[i, : len(row)] = 1
-            self.tmask[i, n_prompt - 1 : len(row) - 1] = True
-        self.n = n
-        self.cache = trunk(ids, attention_mask=mask)
-
-    def batch(self, rows: list[int]) -> tuple[Any, torch.Tensor]:
-        """(TrunkCache of `rows`, their target mask)."""
-        from lmlab.core.partial import slice_cache
-
-        idx = torch.tensor(rows, dtype=torch.long)
-        return slice_cache(self.cache, idx), self.tmask.index_select(0, idx)
-
-
-def answer_scores(topk: Any, cache: PaddedCache, chunk: int = 32) -> tuple[list[float], list[float]]:
-    """Per sequence: the answer NLL (summed over its tokens) and greedy exact match (1.0 when the argmax is the
-    gold token at every answer position) under `topk`."""
-    nll: list[float] = []
-    em: list[float] = []
-    with torch.no_grad():
-        for s in range(0, cache.n, chunk):
-            sub, tm = cache.batch(list(range(s, min(cache.n, s + chunk))))
-            h = topk.hidden_states(sub)[:, :-1]  # (b, T-1, hidden)
-            tgt = sub.input_ids[:, 1:][tm]  # (N,)
-            logp = torch.log_softmax(topk.head_logits(h[tm]).float(), dim=-1)  # (N, vocab)
-            lp = logp.gather(-1, tgt[:, None]).squeeze(-1)  # (N,)
-            hit = (logp.argmax(-1) == tgt).float()
-            row = torch.arange(tm.shape[0])[:, None].expand_as(tm)[tm]  # (N,) the row of each answer token
-            sums = torch.zeros(tm.shape[0]).index_add_(0, row, lp)
-            hits = torch.zeros(tm.shape[0]).index_add_(0, row, hit)
-            nll += (-sums).tolist()
-            em += (hits == tm.sum(-1)).float().tolist()
-    return nll, em
+# moved to lmlab.core.lora (shared with model_swarms); the names stay importable from here
+_batches = index_batches
 
 
 def run(cfg: Any, ctx: Any) -> Any:

@@ -34,6 +34,10 @@ from typing import Any
 
 import torch
 
+# moved to lmlab.core.lora (shared with model_swarms); the names stay importable from here
+from lmlab.core.lora import adamw as _adamw  # noqa: F401
+from lmlab.core.lora import train_steps
+
 INIT_MODES: tuple[str, ...] = ("zero", "nz", "nz_reset")
 B_FANS: tuple[str, ...] = ("in", "out")
 
@@ -303,51 +307,6 @@ class SweepRun:
     losses: list[float]
     eval: dict[str, list[float]]
     eval0: dict[str, list[float]] | None = None
-
-
-def _adamw(model: Any, lr: float) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the model has no trainable parameters; expected a peft LoRA model")
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-
-
-def train_steps(
-    model: Any,
-    loss_fn: Any,
-    batches: Any,
-    lr: float,
-    *,
-    max_grad_norm: float | None = 1.0,
-    optimizer_fn: Any = None,
-) -> list[float]:
-    """Train `model` one optimiser step per batch at a **constant** `lr` (a warm-up would hide the small-lr effect).
-
-    Args:
-        loss_fn: ``loss_fn(model, batch) -> scalar tensor``.
-        batches: an iterable of batches (whatever `loss_fn` takes).
-        optimizer_fn: ``optimizer_fn(model, lr) -> torch.optim.Optimizer``; default AdamW without weight decay over
-            the trainable parameters (e.g. pass peft's ``create_loraplus_optimizer`` for LoRA+).
-
-    Returns:
-        `list[float]`: the loss of every step.
-    """
-    if not (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
-    opt = (optimizer_fn or _adamw)(model, lr)
-    params = [p for g in opt.param_groups for p in g["params"]]
-    model.train()
-    losses = []
-    for batch in batches:
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model, batch)
-        loss.backward()
-        if max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        opt.step()
-        losses.append(float(loss.detach()))
-    model.eval()
-    return losses
 
 
 def lr_sweep(

@@ -17,7 +17,7 @@ class WikiBigEditConfig(BaseConfig):
     Args:
         methods (`list[str]`): editors run on the same stream, one after the other, each from the unedited model.
         increments (`int`, defaults to 3): timestamped increments T (paper: 8).
-        edits_per_increment (`int`, defaults to 8): edits B per increment (paper: > 500K QA pairs over 8).
+        edits_per_increment (`int`, defaults to 6): edits B per increment (paper: > 500K QA pairs over 8).
         reedit_fraction (`float`, defaults to 0.1): share of each increment t >= 2 overwriting an earlier edit.
         filter_known (`bool`, defaults to True): drop edits the unedited model already answers (``filter_edits``).
         n_general, n_fluency: held-out unedited facts and HumanEval prompts tracking general ability.
@@ -34,12 +34,12 @@ class WikiBigEditConfig(BaseConfig):
     """
 
     methods: list = param(
-        ["rag", "lora", "lora_merge", "ft", "rome"],
+        ["rag", "lora", "lora_merge", "ft", "rome", "memit"],
         "editors to compare: " + ", ".join(METHODS),
         paper="RAG, LoRA, LoRA-Merge, FT, ROME, R-ROME, MEMIT, WISE, ...",
     )
     increments: int = param(3, "timestamped increments T of the stream", paper="8 (first instance)")
-    edits_per_increment: int = param(8, "edits B per increment", paper="> 500K QA pairs over 8 increments")
+    edits_per_increment: int = param(6, "edits B per increment", paper="> 500K QA pairs over 8 increments")
     reedit_fraction: float = param(0.1, "share of each later increment that overwrites an earlier edit")
     filter_known: bool = param(True, "drop edits the unedited model already answers", paper="filter_edits")
     n_general: int = param(20, "held-out unedited facts (general ability)", paper="SQuAD/TriviaQA/CSQA, 500 each")
@@ -58,7 +58,7 @@ class WikiBigEditConfig(BaseConfig):
     ft_layers: list | None = param(None, "layers whose down_proj FT trains (None: the two middle layers)")
     ft_lr: float = param(5e-4, "Adam learning rate of FT", paper="5e-4 (EasyEdit FT-L)")
     rome_layer: int = param(4, "layer whose down_proj ROME edits", paper="5 (Llama-3-8B)")
-    rome_steps: int = param(15, "v* optimisation steps", paper="25 (v_num_grad_steps)")
+    rome_steps: int = param(12, "v* optimisation steps", paper="25 (v_num_grad_steps)")
     rome_lr: float = param(0.5, "v* Adam learning rate", paper="0.5")
     rome_weight_decay: float = param(1e-3, "v* weight decay", paper="1e-3")
     rome_clamp: float = param(4.0, "clamp of |delta| / |v|", paper="4 (clamp_norm_factor)")
