@@ -68,10 +68,14 @@ METHOD_INDEX: tuple[str, ...] = (
     "adaptation/ferret",
     "adaptation/model_swarms",
     "adaptation/fedicu",
+    "adaptation/awl",
+    "adaptation/cross_modal_merge",
+    "selection/lensllm",
     "selection/cascade_routing",
     "selection/kabb",
     "evaluation/pmf_predict",
     "evaluation/cv_winrate",
+    "evaluation/potemkin",
 )
 
 _ID_RE = re.compile(r"^[a-z][a-z0-9_]*[a-z0-9]$")

@@ -178,26 +178,10 @@ class ClientData:
 def local_sgd(task: FedTask, batches: Sequence[list[int]], lr: float, grad_clip: float = 0.0) -> list[float]:
     """Plain SGD (momentum 0, weight decay 0) over `batches` on the task's module, in place; the loss per step.
 
-    `grad_clip` > 0 clips the global gradient norm (the official Ferret / FedKSeed scripts leave it off).
+    `grad_clip` > 0 clips the global gradient norm (the official Ferret / FedKSeed scripts leave it off). The SGD case
+    of `local_train`.
     """
-    params = [p for _, p in task.named]
-    losses = []
-    task.module.train()
-    for batch in batches:
-        for p in params:
-            p.grad = None
-        loss = task.loss(batch)
-        loss.backward()
-        if grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, grad_clip)
-        with torch.no_grad():
-            for p in params:
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-lr)
-        losses.append(float(loss.detach()))
-    for p in params:
-        p.grad = None
-    return losses
+    return local_train(task, batches, lr, grad_clip=grad_clip)[0]
 
 
 def first_order_delta(

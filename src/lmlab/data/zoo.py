@@ -415,44 +415,17 @@ class BuildOptions:
     progress: bool = False
 
 
-def _stash(model: Any) -> dict[str, Any]:
-    """Remove the per-model caches (fast engines, flop count) that `copy.deepcopy` would otherwise carry over."""
-    return {k: model.__dict__.pop(k) for k in ("_lmlab_engines", "_lmlab_flop_params") if k in model.__dict__}
-
-
 def truncated_model(model: Any, n_layers: int) -> Any:
-    """A model with only the first `n_layers` blocks (plus the final norm and the LM head), sharing their weights.
+    """`lmlab.core.partial.truncated_model` (imported on use: the data layer loads without torch)."""
+    from lmlab.core.partial import truncated_model as truncate
 
-    The embeddings, kept blocks, norm, rotary embedding and head are the very modules of `model` (a deep copy with
-    them pre-seeded in its memo, as `lmlab.core.partial.policy_model` does); `model` is not modified.
-    """
-    import torch
-
-    layers = model.model.layers
-    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or not 1 <= n_layers <= len(layers):
-        raise ValueError(f"layers must be an int in [1, {len(layers)}] (the blocks of the model), got {n_layers!r}")
-    memo: dict[int, Any] = {}
-    keep = [model.get_input_embeddings(), model.get_output_embeddings(), *layers]
-    keep += [m for name, m in model.model.named_children() if name not in ("layers",)]
-    for mod in keep:
-        for sub in mod.modules():
-            memo[id(sub)] = sub
-        for t in [*mod.parameters(), *mod.buffers()]:
-            memo[id(t)] = t
-    saved = _stash(model)
-    try:
-        clone = copy.deepcopy(model, memo)
-    finally:
-        model.__dict__.update(saved)
-    clone.model.layers = torch.nn.ModuleList(list(clone.model.layers)[:n_layers])
-    clone.config.num_hidden_layers = n_layers
-    if getattr(clone.config, "layer_types", None):
-        clone.config.layer_types = list(clone.config.layer_types)[:n_layers]
-    return clone.eval()
+    return truncate(model, n_layers)
 
 
 def _full_copy(model: Any) -> Any:
-    saved = _stash(model)
+    from lmlab.core.partial import _stash_model_caches
+
+    saved = _stash_model_caches(model)
     try:
         return copy.deepcopy(model)
     finally:

@@ -172,10 +172,13 @@ def _gguf_for(model_spec: str) -> str | None:
 
 
 def llamacpp_server_available() -> bool:
+    """llama.cpp's server and the packages its app imports (``llama-cpp-python[server]``): a bare llama-cpp-python
+    has ``llama_cpp.server`` but the server exits at start without them."""
     import importlib.util
 
     try:
-        return importlib.util.find_spec("llama_cpp.server") is not None
+        needed = ("llama_cpp.server", "starlette_context", "pydantic_settings", "sse_starlette")
+        return all(importlib.util.find_spec(m) is not None for m in needed)
     except ModuleNotFoundError:
         return False
 
