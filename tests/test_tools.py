@@ -1,4 +1,5 @@
-"""lmlab.core.tools: the AST-whitelisted calculator, the country lookup, the call parser and the tool box."""
+"""lmlab.core.tools (the AST-whitelisted calculator, the call parser, the tool box) and lmlab.data.tools (the country
+lookup, the default tool box)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,13 @@ import pytest
 
 from lmlab.core.tools import (
     Calculator,
-    FactLookup,
     ToolBox,
     ToolCall,
     ToolError,
-    default_tools,
     format_number,
     parse_call,
 )
+from lmlab.data.tools import FactLookup, default_tools
 
 
 def _random_expr(rng: random.Random, depth: int) -> tuple[str, int]:

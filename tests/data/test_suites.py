@@ -43,6 +43,7 @@ VARIANTS: dict[str, list[dict]] = {
         {"domain": "units"},
         {"domain": "glyphs", "task": "sum_mod10"},
     ],
+    "prefs": [{}, {"per_query": 2}],
 }
 N = 8
 BAD_KWARGS: dict[str, dict] = {
@@ -61,6 +62,7 @@ BAD_KWARGS: dict[str, dict] = {
     "glyphs": {"scale": 0},
     "geobigedit": {"kind": "essay"},
     "taskbank": {"domain": "poetry"},
+    "prefs": {"per_query": 0},
 }
 # Suites whose default pool is enumerated (n=None gives the whole split); the others need an int n.
 FINITE = {
@@ -75,6 +77,7 @@ FINITE = {
     "capital_steps",
     "geobigedit",
     "taskbank",
+    "prefs",
 }
 
 
@@ -87,6 +90,8 @@ def _good(name: str, ex: Example) -> str:
 
 
 def _bad(name: str, ex: Example) -> str:
+    if name == "prefs":
+        return ex.meta["rejected"]
     if name in ("corpus", "instructions") or ex.meta.get("kind") == "document":
         return "   "
     if name == "countries":

@@ -42,7 +42,7 @@ def test_awl_adapts_tool_use_where_tool_only_sft_over_relies(smollm2):
 
 
 def test_tool_traces_of_smollm2_parse_and_execute(smollm2):
-    from lmlab.core.tools import default_tools
+    from lmlab.data.tools import default_tools
     from lmlab.methods.adaptation.awl import render_prompt, run_with_tools
 
     model, tok = smollm2

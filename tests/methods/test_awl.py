@@ -8,7 +8,8 @@ import copy
 import pytest
 import torch
 
-from lmlab.core.tools import ToolCall, default_tools
+from lmlab.core.tools import ToolCall
+from lmlab.data.tools import default_tools
 from lmlab.methods.adaptation.awl.method import (
     ANSWER_TOOL,
     STOP,

@@ -278,10 +278,9 @@ class FedAvg(FedMethod):
         return new, {"train_loss": float(np.mean([p.metrics.get("train_loss", math.nan) for p in payloads]))}
 
 
+# name -> "module:Class" of the core's baselines; a method's module may add its own entry (the core names no method)
 FED_METHODS: dict[str, str] = {
     "fedavg": "lmlab.core.federated:FedAvg",
-    "ferret": "lmlab.methods.adaptation.ferret.method:Ferret",
-    "fedkseed": "lmlab.methods.adaptation.ferret.method:FedKSeed",
 }
 
 
@@ -687,7 +686,7 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# appended for fedicu (existing functions above are unchanged): local training with a choice of optimiser, an
+# local training beyond plain SGD (existing functions above are unchanged): a choice of optimiser, an
 # optional proximal term and the accumulated gradient; the FedProx baseline
 
 LOCAL_OPTIMIZERS = ("sgd", "adamw")
@@ -803,6 +802,5 @@ class FedProx(FedAvg):
 
 
 FED_METHODS["fedprox"] = "lmlab.core.federated:FedProx"
-FED_METHODS["fedicu"] = "lmlab.methods.adaptation.fedicu.method:FedICU"
 
 __all__ += ["LOCAL_OPTIMIZERS", "FedProx", "local_delta", "local_train"]

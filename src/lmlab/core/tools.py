@@ -1,4 +1,7 @@
-"""Tools a model may call in a text trace: a calculator over a safe AST evaluator and a country-fact lookup.
+"""Tools a model may call in a text trace: the call syntax, a tool box and a calculator over a safe AST evaluator.
+
+The core knows no task data: tools over lmlab's packaged facts (the country lookup) and the default tool box live
+in `lmlab.data.tools`.
 
 Nothing a model writes is ever passed to ``eval`` or ``exec``: the calculator parses the expression with `ast` and
 walks a whitelist of nodes (numbers, ``+ - * / // % **``, unary ``+ -``, parentheses); names, calls, attributes,
@@ -11,11 +14,9 @@ calling the tool does both. Bad input raises `ToolError` (a `ValueError`) with a
 and what was expected; `ToolBox.observe` turns it into an ``"Error: ..."`` observation the model can read.
 
 Usage:
-    >>> box = ToolBox([Calculator(), FactLookup()])
+    >>> box = ToolBox([Calculator()])
     >>> box.observe(parse_call("calculator[12*37]"))
     '444'
-    >>> box.observe(parse_call("lookup[France, capital]"))
-    'Paris'
     >>> box.observe(parse_call("calculator[__import__('os')]"))
     'Error: calculator: a name is not allowed (...)'
 """
@@ -26,7 +27,7 @@ import ast
 import math
 import operator
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,8 @@ class ToolError(ValueError):
     """A tool's one-line refusal of bad input (names the value and what was expected)."""
 
 
-def _short(text: str, limit: int = 60) -> str:
+def shorten(text: str, limit: int = 60) -> str:
+    """`text` on one line, cut to `limit` characters (for error messages that quote model output)."""
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -140,7 +142,7 @@ class Calculator(Tool):
         try:
             tree = ast.parse(expr, mode="eval")
         except SyntaxError:
-            raise ToolError(f"calculator: {_short(expr)!r} is not an arithmetic expression") from None
+            raise ToolError(f"calculator: {shorten(expr)!r} is not an arithmetic expression") from None
         for node in ast.walk(tree):
             self._check_node(node, expr)
         return tree
@@ -148,26 +150,26 @@ class Calculator(Tool):
     def _check_node(self, node: ast.AST, expr: str) -> None:
         if isinstance(node, ast.Expression | ast.operator | ast.unaryop):
             if isinstance(node, ast.operator) and type(node) not in _BIN_OPS:
-                raise ToolError(f"calculator: the operator {type(node).__name__} is not allowed in {_short(expr)!r}; "
+                raise ToolError(f"calculator: the operator {type(node).__name__} is not allowed in {shorten(expr)!r}; "
                                 "expected + - * / // % **")  # fmt: skip
             if isinstance(node, ast.unaryop) and type(node) not in _UNARY_OPS:
-                raise ToolError(f"calculator: the operator {type(node).__name__} is not allowed in {_short(expr)!r}")
+                raise ToolError(f"calculator: the operator {type(node).__name__} is not allowed in {shorten(expr)!r}")
             return
         if isinstance(node, ast.BinOp | ast.UnaryOp):
             return
         if isinstance(node, ast.Constant):
             v = node.value
             if isinstance(v, bool) or not isinstance(v, int | float):
-                raise ToolError(f"calculator: {v!r} is not a number in {_short(expr)!r}")
+                raise ToolError(f"calculator: {v!r} is not a number in {shorten(expr)!r}")
             return
         what = _NODE_NAMES.get(type(node), type(node).__name__)
-        raise ToolError(f"calculator: {what} is not allowed ({_short(expr)!r}); expected numbers and + - * / // % **")
+        raise ToolError(f"calculator: {what} is not allowed ({shorten(expr)!r}); expected numbers and + - * / // % **")
 
     def _bound(self, v: int | float, expr: str) -> int | float:
         if isinstance(v, float) and not math.isfinite(v):
-            raise ToolError(f"calculator: {_short(expr)!r} overflows (the result is not finite)")
+            raise ToolError(f"calculator: {shorten(expr)!r} overflows (the result is not finite)")
         if abs(v) >= 10**self.max_digits:
-            raise ToolError(f"calculator: a value in {_short(expr)!r} exceeds {self.max_digits} digits")
+            raise ToolError(f"calculator: a value in {shorten(expr)!r} exceeds {self.max_digits} digits")
         return v
 
     def _eval(self, node: ast.AST, expr: str) -> int | float:
@@ -181,19 +183,19 @@ class Calculator(Tool):
         a, b = self._eval(node.left, expr), self._eval(node.right, expr)
         if isinstance(node.op, ast.Pow):
             if abs(b) > self.max_exponent:
-                raise ToolError(f"calculator: the exponent {b!r} in {_short(expr)!r} exceeds {self.max_exponent}")
+                raise ToolError(f"calculator: the exponent {b!r} in {shorten(expr)!r} exceeds {self.max_exponent}")
             if abs(a) > 1 and b > 0 and b * math.log10(abs(a)) >= self.max_digits:
                 raise ToolError(f"calculator: {a!r}**{b!r} exceeds {self.max_digits} digits")
             if a == 0 and b < 0:
-                raise ToolError(f"calculator: division by zero in {_short(expr)!r}")
+                raise ToolError(f"calculator: division by zero in {shorten(expr)!r}")
         if isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod) and b == 0:
-            raise ToolError(f"calculator: division by zero in {_short(expr)!r}")
+            raise ToolError(f"calculator: division by zero in {shorten(expr)!r}")
         try:
             v = _BIN_OPS[type(node.op)](a, b)
         except (OverflowError, ValueError, ZeroDivisionError) as e:
-            raise ToolError(f"calculator: {_short(expr)!r} cannot be evaluated ({e})") from None
+            raise ToolError(f"calculator: {shorten(expr)!r} cannot be evaluated ({e})") from None
         if isinstance(v, complex):
-            raise ToolError(f"calculator: {_short(expr)!r} has a complex result")
+            raise ToolError(f"calculator: {shorten(expr)!r} has a complex result")
         return self._bound(v, expr)
 
     def evaluate(self, argument: str) -> int | float:
@@ -212,58 +214,6 @@ def format_number(v: int | float) -> str:
     if isinstance(v, float):
         return f"{v:.10g}"
     return str(v)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# fact lookup over lmlab.data.countries
-
-LOOKUP_FIELDS: dict[str, str] = {
-    "capital": "capital",
-    "continent": "continent",
-    "iso3": "iso3",
-    "currency_code": "currency_code",
-    "currency": "currency",
-    "population": "population",
-}
-
-
-class FactLookup(Tool):
-    """``lookup[country, field]``: a fact of a country from `lmlab.data.countries` (GeoNames / pycountry).
-
-    The country is any name or ISO code `lmlab.data.countries.country_record` accepts; the field one of
-    `LOOKUP_FIELDS` (``capital``, ``continent``, ``iso3``, ``currency_code``, ``currency``, ``population``). The
-    argument is split at its last comma, so country names with commas work.
-    """
-
-    name = "lookup"
-    description = "a fact of a country (capital, continent, iso3, currency_code, currency, population)"
-    syntax = "lookup[France, capital]"
-
-    def parse(self, argument: str) -> tuple[dict[str, Any], str]:
-        from lmlab.data.countries import country_record
-
-        if "," not in argument:
-            raise ToolError(f"lookup: {_short(argument)!r} has no field; expected 'country, field' such as "
-                            "'France, capital'")  # fmt: skip
-        country, fld = (s.strip() for s in argument.rsplit(",", 1))
-        fld = fld.lower().replace(" ", "_")
-        if fld not in LOOKUP_FIELDS:
-            raise ToolError(f"lookup: field {fld!r} is unknown; expected one of {', '.join(LOOKUP_FIELDS)}")
-        if not country:
-            raise ToolError("lookup: the country is empty; expected a country name or ISO code")
-        try:
-            rec = country_record(country)
-        except ValueError:
-            raise ToolError(f"lookup: country {_short(country)!r} is unknown; expected a country name or ISO "
-                            "code") from None  # fmt: skip
-        return rec, fld
-
-    def run(self, parsed: tuple[dict[str, Any], str]) -> str:
-        rec, fld = parsed
-        value = rec[LOOKUP_FIELDS[fld]]
-        if value in ("", None):
-            raise ToolError(f"lookup: {rec['name']} has no {fld} in GeoNames")
-        return str(value)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -319,27 +269,14 @@ class ToolBox:
         return "\n".join(f"{t.syntax}: {t.description}" for t in self.tools.values())
 
 
-def default_tools(names: Iterable[str] | Mapping[str, Any] = ("calculator", "lookup")) -> ToolBox:
-    """A `ToolBox` of lmlab's tools by name (``calculator``, ``lookup``)."""
-    known = {"calculator": Calculator, "lookup": FactLookup}
-    out = []
-    for n in names:
-        if n not in known:
-            raise ValueError(f"tool {n!r} is unknown; expected one of {', '.join(known)}")
-        out.append(known[n]())
-    return ToolBox(out)
-
-
 __all__ = [
     "CALL_RE",
-    "LOOKUP_FIELDS",
     "Calculator",
-    "FactLookup",
     "Tool",
     "ToolBox",
     "ToolCall",
     "ToolError",
-    "default_tools",
     "format_number",
+    "shorten",
     "parse_call",
 ]

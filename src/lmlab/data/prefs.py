@@ -12,6 +12,12 @@ pair a query contributes.
 A query with no correct or no wrong answer gives no pair.
 
     lmlab data show prefs --n 5            # the pairs as JSON lines
+
+Metric: the source suite's exact grader on the pair's query (`grade`): 1.0 when an output answers it correctly; the
+chosen side grades 1.0 and the rejected side 0.0 by construction.
+
+Data: lmlab's own model outputs, the committed response cache (`src/lmlab/data/responses/mixed-s0.jsonl.gz`, 12
+variants x 120 queries, built by `lmlab cache build`), or a user's rebuilt copy under ``$LMLAB_CACHE/responses``.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmlab import data as lmdata
-from lmlab.data import SPLITS, Example, register_suite, seeded_rng, split_of
+from lmlab.data import SPLITS, Example, register_suite, reject_unknown, seeded_rng, split_of
 
 
 def build_pairs(
@@ -91,8 +97,10 @@ def generate(
     cache_seed: int = 0,
     per_query: int = 1,
     cache_path: str | None = None,
+    **unknown: Any,
 ) -> list[Example]:
     """`n` pairs (all when None) of the `split` queries of the (`suite`, `cache_seed`) response cache."""
+    reject_unknown("prefs", unknown, ("suite", "cache_seed", "per_query", "cache_path"))
     from lmlab.data.respcache import load_cache
     from lmlab.data.zoo import suite_queries
 

@@ -91,7 +91,7 @@ def _no_tool_answers(model: Any, tok: Any, problems: Sequence[Problem], cfg: Any
 
 def run(cfg: Any, ctx: Any) -> Any:
     from lmlab.core.partial import policy_model
-    from lmlab.core.tools import default_tools
+    from lmlab.data.tools import default_tools
 
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
