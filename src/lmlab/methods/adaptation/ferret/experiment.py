@@ -249,12 +249,11 @@ def run(cfg: Any, ctx: Any) -> Any:
     # not carry over to Ferret: at 10x the client lr Ferret's noisy reconstruction diverged while FedAvg improved)
     n_runs = len(systems) * len(grid) * cfg.rounds
     bar = iter(ctx.progress(range(n_runs), "rounds (system x lr x round)", total=n_runs))
-    tuning, chosen_lr, hists, walls = [], {}, {}, {}
+    tuning, chosen_lr = [], {}
     for system in systems:
         t0 = time.perf_counter()
         best = None
-        scales = grid
-        for scale in scales:
+        for scale in grid:
             # the evaluator loads each round's state into the shared module; every client_update loads the
             # global state it receives first, so evaluation does not leak into training
             setup = dataclasses.replace(setups[system], method=make_method(system, cfg, scale))
@@ -265,11 +264,8 @@ def run(cfg: Any, ctx: Any) -> Any:
             if best is None or dev_nll < best[0]:
                 best = (dev_nll, scale, lr, hist_s)
         _, scale, lr, hist = best
-        chosen_lr[system] = {"lr_scale": scale, "lr": lr, "runs": len(scales)}
-        hists[system], walls[system] = hist, time.perf_counter() - t0
-    for system in systems:
-        hist, wall = hists[system], walls[system]
-        scale, lr = chosen_lr[system]["lr_scale"], chosen_lr[system]["lr"]
+        chosen_lr[system] = {"lr_scale": scale, "lr": lr, "runs": len(grid)}
+        wall = time.perf_counter() - t0
         nll, hits = evaluator.per_item(hist.final_state)
         finals[system] = float(np.mean(nll))
         note = (f"after {cfg.rounds} rounds x {cfg.clients_per_round} clients, lr {lr:.3g} (x{scale:g}, chosen on "
