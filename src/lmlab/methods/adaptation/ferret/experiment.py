@@ -149,9 +149,11 @@ def make_method(system: str, cfg: Any, lr_scale: float = 1.0) -> Any:
 
 
 class Evaluator:
-    """Server-side evaluation of a trainable state: per-item held-out NLL and unseen-family hits."""
+    """Server-side evaluation of a trainable state: per-item held-out NLL and unseen-family hits; `dev_cache` holds
+    the dev items that choose each system's learning rate."""
 
-    def __init__(self, task: Any, eval_cache: Any, n_eval: int, option_cache: Any, data: FedData) -> None:
+    def __init__(self, task: Any, eval_cache: Any, n_eval: int, option_cache: Any, data: FedData,
+                 dev_cache: Any = None) -> None:  # fmt: skip
         self.task, self.eval_cache, self.n_eval, self.option_cache, self.data = (
             task,
             eval_cache,
@@ -159,6 +161,7 @@ class Evaluator:
             option_cache,
             data,
         )
+        self.dev_cache = dev_cache
 
     def item_nll(self, state: Mapping[str, torch.Tensor], cache: Any, n: int) -> list[float]:
         """Per-item answer NLL (per-token mean) of the `n` sequences of `cache` under `state`."""
@@ -217,8 +220,8 @@ def build_setups(cfg: Any, model: Any, tok: Any, data: FedData, systems: Sequenc
     init = task.state()
     parts = partition(data.train_family, cfg.n_clients, cfg.dirichlet_alpha, derive_seed(cfg.seed, "ferret-partition"))
     clients = {c: ClientData(task, rows) for c, rows in parts.items()}
-    evaluator = Evaluator(task, SeqCache(trunk, data.evals), len(data.evals), SeqCache(trunk, data.options), data)
-    evaluator.dev_cache = SeqCache(trunk, data.dev)
+    evaluator = Evaluator(task, SeqCache(trunk, data.evals), len(data.evals), SeqCache(trunk, data.options), data,
+                          SeqCache(trunk, data.dev))  # fmt: skip
     setups = {s: FedSetup(make_method(s, cfg), clients, OrderedDict(init), cfg.rounds, cfg.clients_per_round, cfg.seed,
                           evaluator) for s in systems}  # fmt: skip
     return setups, evaluator
