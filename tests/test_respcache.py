@@ -208,3 +208,24 @@ def test_self_consistency_costs_every_sample_and_pot_never_evals(tmp_path, monke
     for r in cache.rows:
         if r.variant == "tiny-pot":
             assert r.answer.startswith("[no program]") or " = " in r.answer
+
+
+def test_atp_variant_prunes_in_an_arithmetic_progression_and_keeps_the_best_validation_beta():
+    from lmlab.core.models import load_model
+
+    model, tok = load_model("tiny-llama")
+    params = {"sparsity": 0.5, "n_calib": 2, "calib_seqlen": 16, "n_val": 2, "betas": [0.0, 0.4], "patience": 0}
+    spec = VariantSpec("tiny-atp", "atp", "tiny-llama", params)
+    pruned, extra = zoo._pruned_model(spec, model, tok, 0)
+    table = {row["beta"]: row["val_ppl"] for row in extra["beta_search"]}
+    assert set(table) == {0.0, 0.4}
+    assert extra["beta"] == min(table, key=lambda b: (table[b], b))  # the lowest validation perplexity wins
+    beta = extra["beta"]
+    assert extra["block_sparsity_first_last"] == [0.5 - beta / 2, 0.5 + beta / 2]
+    for i, layer in enumerate(pruned.model.layers):  # block i is pruned at S - beta (L-1)/2 + i beta, row by row
+        w = layer.mlp.up_proj.weight
+        assert (w == 0).sum(dim=1).tolist() == [int((0.5 - beta / 2 + i * beta) * w.shape[1])] * w.shape[0]
+    assert all((p != 0).all() for p in model.model.layers[0].mlp.up_proj.weight)  # the base model is left alone
+    bad = VariantSpec("tiny-atp-bad", "atp", "tiny-llama", {"sparsity": 0.5, "betas": [0.0, 1.5]})
+    with pytest.raises(ValueError, match=r"betas \[1.5\] exceed beta_max=1.0000"):
+        zoo._pruned_model(bad, model, tok, 0)

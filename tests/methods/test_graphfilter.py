@@ -314,7 +314,9 @@ def test_pool_is_imbalanced_and_corrupted_and_eval_is_balanced():
 
     from lmlab.methods.alignment.graphfilter import experiment as E
 
-    cfg = SimpleNamespace(master_pool_size=200, majority_share=0.5, corrupt_fraction=0.2, seed=0, eval_per_family=3)
+    cfg = SimpleNamespace(
+        master_pool_size=200, majority_share=0.5, corrupt_fraction=0.2, seed=0, eval_per_family=3, eval_split="test"
+    )
     banks = {f.name: E._value_bank(f, 0) for f in E.FAMILIES}
     pool = E.build_pool(_Ctx(), cfg, banks)
     assert len(pool) == 200

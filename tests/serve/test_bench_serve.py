@@ -65,3 +65,39 @@ def test_a_server_that_answers_twice_or_loses_a_request_is_caught(monkeypatch):
                     tag="t")  # fmt: skip
     assert any("lost or answered twice" in p for p in row["problems"])
     assert any("same completion id" in p for p in row["problems"])
+
+
+def test_request_ids_are_uuids_that_llama_cpp_server_accepts(monkeypatch):
+    """llama_cpp.server (starlette-context's RequestIdPlugin) answers a non-UUID X-Request-Id with an empty 400."""
+    import types
+    import uuid
+
+    seen: list[str] = []
+
+    class FakeRaw:
+        def __init__(self, rid):
+            self.headers = {"x-request-id": rid}
+
+        def parse(self):
+            return types.SimpleNamespace(id=f"cmpl-{len(seen)}", usage=types.SimpleNamespace(completion_tokens=1))
+
+    class FakeClient:
+        def __init__(self, **kw):
+            self.completions = self
+            self.with_raw_response = self
+
+        def create(self, **kw):
+            rid = kw["extra_headers"]["X-Request-Id"]
+            uuid.UUID(rid)  # raises on anything but a UUID, as the plugin does
+            seen.append(rid)
+            return FakeRaw(rid)
+
+    import openai
+
+    monkeypatch.setattr(openai, "OpenAI", FakeClient)
+    row = run_level("http://127.0.0.1:1/v1", "m", ["a", "b", "c"], concurrency=1, max_tokens=1, max_seconds=10,
+                    tag="t")  # fmt: skip
+    assert row["problems"] == [] and len(set(seen)) == 3
+    again = run_level("http://127.0.0.1:1/v1", "m", ["a", "b", "c"], concurrency=1, max_tokens=1, max_seconds=10,
+                      tag="t2")  # fmt: skip
+    assert again["problems"] == [] and not set(seen[:3]) & set(seen[3:])  # another tag, other ids

@@ -15,6 +15,8 @@ variant            construction
 ``smol-pot``       program of thought: the model writes an arithmetic expression, `safe_eval` (a whitelisted AST
                    walk, never ``eval``) computes it, the value is graded
 ``smol-wanda50``   pruned by the `wanda` method (`lmlab.methods.compression.wanda.wanda_prune`), 50% unstructured
+``smol-atp50``     pruned by the `atp` method's allocation: per-block sparsities in an arithmetic progression of mean
+                   50% (beta searched on corpus dev perplexity, `atp.method.search_beta`), each block by Wanda
 ``smol-int4``      decoded on the fast engine's int4 path (``engine="fast-int4"``, the GGUF's own Q4 blocks)
 ``smol-lora-*``    peft LoRA r=8 on q/v of the top blocks, a few hundred steps on one task family (arith / geo)
 ``gemma-fewshot``  Gemma-3-270M base, 3-shot ``Question: / Answer:`` prompt, greedy, stop at the newline
@@ -286,7 +288,7 @@ class VariantSpec:
 
     Args:
         id (`str`): the variant id (the cache's row key).
-        kind (`str`): one of `KINDS` (zeroshot, fewshot, sc, trunc, pot, wanda, int4, lora, base_fewshot).
+        kind (`str`): one of `KINDS` (zeroshot, fewshot, sc, trunc, pot, wanda, atp, int4, lora, base_fewshot).
         model (`str`): the `lmlab.core.models.load_model` spec of the base model.
         params (`dict`): the kind's knobs (shots, samples, temperature, layers, sparsity, steps, ...).
         description (`str`): one line for `lmlab cache show` and the cache header.
@@ -302,7 +304,7 @@ class VariantSpec:
         return {"kind": self.kind, "model": self.model, "params": dict(self.params), "construction": self.description}
 
 
-KINDS: tuple[str, ...] = ("zeroshot", "fewshot", "sc", "trunc", "pot", "wanda", "int4", "lora", "base_fewshot")
+KINDS: tuple[str, ...] = ("zeroshot", "fewshot", "sc", "trunc", "pot", "wanda", "atp", "int4", "lora", "base_fewshot")
 
 _SMOL = "smollm2-135m"
 VARIANTS: dict[str, VariantSpec] = {
@@ -328,6 +330,13 @@ VARIANTS: dict[str, VariantSpec] = {
             _SMOL,
             {"sparsity": 0.5, "n_calib": 8, "calib_seqlen": 128},
             "SmolLM2 pruned by wanda, 50% unstructured (corpus train calibration)",
+        ),
+        VariantSpec(
+            "smol-atp50",
+            "atp",
+            _SMOL,
+            {"sparsity": 0.5, "n_calib": 8, "calib_seqlen": 128, "n_val": 8, "betas": [0.0, 0.008, 0.016, 0.024]},
+            "SmolLM2 pruned by wanda at ATP's per-block sparsities (mean 50%, beta searched on corpus dev)",
         ),
         VariantSpec("smol-int4", "int4", _SMOL, {}, "SmolLM2 on the fast engine's int4 weights (GGUF Q4 blocks)"),
         VariantSpec(
@@ -682,30 +691,78 @@ def _run_pot(spec: VariantSpec, model: Any, tok: Any, queries: list[Query], opts
     return rows
 
 
-def _wanda_model(spec: VariantSpec, model: Any, tok: Any, seed: int) -> tuple[Any, dict[str, Any]]:
-    from lmlab.core.pruning.evaluate import calibration_windows, token_stream
+def _corpus_windows(tok: Any, split: str, n: int, seq_len: int, seed: int, *, random_windows: bool) -> Any:
+    """(n, seq_len) token windows of the `corpus` suite's `split`: random (calibration) or consecutive (scoring)."""
+    from lmlab.core.pruning.evaluate import calibration_windows, eval_windows, token_stream
+
+    stream = token_stream(tok, [e.prompt for e in lmdata.load("corpus", None, seed=seed, split=split)])
+    if random_windows:
+        return calibration_windows(stream, n, seq_len, seed=seed)
+    return eval_windows(stream, n, seq_len)
+
+
+def _zero_weights(model: Any) -> int:
+    linears = [m for layer in model.model.layers for m in layer.modules() if type(m).__name__ == "Linear"]
+    return sum(int((m.weight == 0).sum()) for m in linears)
+
+
+def _pruned_model(spec: VariantSpec, model: Any, tok: Any, seed: int) -> tuple[Any, dict[str, Any]]:
+    """A Wanda-pruned copy: one sparsity for every block (`wanda`), or ATP's arithmetic progression (`atp`).
+
+    For `atp` the common difference beta is chosen as in `lmlab.methods.compression.atp` (`search_beta`: the grid
+    walked upward with patience, lowest validation perplexity on the corpus dev split wins; beta = 0 is uniform, so
+    the variant falls back to uniform Wanda when no beta helps).
+    """
     from lmlab.methods.compression.wanda import wanda_prune
 
     sparsity = float(spec.params.get("sparsity", 0.5))
     if not 0.0 < sparsity < 1.0:
         raise ValueError(f"sparsity must be in (0, 1), got {sparsity}")
-    train = lmdata.load("corpus", None, seed=seed, split="train")
-    calib = calibration_windows(
-        token_stream(tok, [e.prompt for e in train]),
-        int(spec.params.get("n_calib", 8)),
-        int(spec.params.get("calib_seqlen", 128)),
-        seed=seed,
-    )
-    pruned = _full_copy(model)
-    wanda_prune(pruned, calib, sparsity, "unstructured", track_dense=False)
-    pruned.eval()
-    zeros = sum(
-        int((m.weight == 0).sum())
-        for layer in pruned.model.layers
-        for m in layer.modules()
-        if type(m).__name__ == "Linear"
-    )
-    return pruned, {"pruned_zero_weights": zeros, "calib_windows": list(calib.shape)}
+    seq_len = int(spec.params.get("calib_seqlen", 128))
+    calib = _corpus_windows(tok, "train", int(spec.params.get("n_calib", 8)), seq_len, seed, random_windows=True)
+    extra: dict[str, Any] = {"calib_windows": list(calib.shape)}
+
+    def prune(rates: float | list[float]) -> Any:
+        pruned = _full_copy(model)
+        wanda_prune(pruned, calib, rates, "unstructured", track_dense=False)
+        return pruned.eval()
+
+    if spec.kind == "wanda":
+        pruned = prune(sparsity)
+    else:
+        from lmlab.core.pruning.evaluate import window_nll
+        from lmlab.methods.compression.atp.method import max_beta, search_beta
+
+        val = _corpus_windows(tok, "dev", int(spec.params.get("n_val", 8)), seq_len, seed, random_windows=False)
+        n_blocks = len(model.model.layers)
+        betas = [float(b) for b in spec.params.get("betas", [0.0, 0.008, 0.016, 0.024])]
+        bound = max_beta(n_blocks, sparsity)
+        illegal = [b for b in betas if b > bound + 1e-12]
+        if illegal:
+            raise ValueError(
+                f"betas {illegal} exceed beta_max={bound:.4f} for {n_blocks} blocks at sparsity {sparsity}"
+            )
+        best: dict[str, Any] = {}
+
+        def evaluate(rates: list[float]) -> float:
+            candidate = prune(rates)
+            nll = window_nll(candidate, val)
+            ppl = math.exp(sum(nll) / len(nll))
+            if not best or ppl < best["ppl"]:
+                best.update(ppl=ppl, model=candidate)
+            else:
+                del candidate
+            return ppl
+
+        search = search_beta(evaluate, n_blocks, sparsity, betas, patience=int(spec.params.get("patience", 1)))
+        pruned = best["model"]
+        extra.update(
+            beta=search.best_beta,
+            beta_search=[{"beta": r["beta"], "val_ppl": round(r["val_ppl"], 3)} for r in search.table],
+            block_sparsity_first_last=[round(search.sparsities[0], 4), round(search.sparsities[-1], 4)],
+        )
+    extra["pruned_zero_weights"] = _zero_weights(pruned)
+    return pruned, extra
 
 
 def _lora_items(family: str, seed: int, max_items: int = 96) -> list[tuple[Example, str]]:
@@ -797,11 +854,11 @@ def run_variant(
         from lmlab.core.generation import resolve_engine
 
         extra["engine"] = "fast-int4" if resolve_engine(model, "fast-int4") is not None else "hf (int4 unsupported)"
-    elif kind in ("trunc", "wanda", "lora"):
+    elif kind in ("trunc", "wanda", "atp", "lora"):
         if kind == "trunc":
             model = truncated_model(base, int(spec.params.get("layers", 10)))
-        elif kind == "wanda":
-            model, extra = _wanda_model(spec, base, tok, opts.seed)
+        elif kind in ("wanda", "atp"):
+            model, extra = _pruned_model(spec, base, tok, opts.seed)
         else:
             model, extra = _lora_model(spec, base, tok, opts.seed)
         rows = _greedy_rows(spec, model, tok, queries, [_chat(tok, q.prompt) for q in queries], opts)
@@ -909,8 +966,9 @@ def build_cache(
         part = ResponseCache(suite=suite, seed=seed, rows=rows, variants={spec.id: desc})
         part.save(path)
         done[spec.id] = part
-    # other variants built earlier into the same folder (e.g. a slice rebuilt with --variants) stay in the cache
-    order = [s.id for s in specs] + [v for v in VARIANTS if v not in {s.id for s in specs}]
+    # other variants built earlier into the same folder (e.g. a slice rebuilt with --variants) stay in the cache;
+    # rows follow the zoo's own order, whichever slice was rebuilt last
+    order = list(VARIANTS) + [s.id for s in specs]
     order += sorted(p.name[: -len(".jsonl.gz")] for p in parts.glob("*.jsonl.gz"))
     for vid in dict.fromkeys(order):
         if vid in done or vid in failed:

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -97,7 +98,9 @@ def run_level(
     import openai
 
     client = openai.OpenAI(base_url=base_url, api_key="EMPTY", max_retries=0, timeout=600)
-    sent = [f"{tag}-{i}" for i in range(len(prompts))]
+    # request ids are UUIDs (derived from the tag, so reruns send the same ones): llama_cpp.server validates the
+    # header with starlette-context's RequestIdPlugin and answers any other X-Request-Id with an empty 400
+    sent = [str(uuid.uuid5(uuid.NAMESPACE_URL, f"lmlab-bench/{tag}/{i}")) for i in range(len(prompts))]
     lock = threading.Lock()
     results: list[dict[str, Any]] = []
     deadline = time.perf_counter() + max_seconds

@@ -38,6 +38,8 @@ class GraphFilterConfig(BaseConfig):
         embedder (`str`, defaults to ``"minilm"``): k-center embeddings (``hashing``: a model-free stand-in for tests).
         train_layers, epochs, lr, train_batch: SFT of the top blocks from the cached frozen trunk.
         eval_per_family (`int`, defaults to 5): held-out items per family (test split), 5 options each.
+        eval_split (`str`, defaults to ``"test"``): the held-out items' split; ``dev`` scores on the dev splits, which
+            is how the SFT recipe (epochs, lr) was chosen, once for every selector.
         timing_pool (`int`, defaults to 20000): synthetic pool of the selection-time table (0 skips it).
         timing_repeats (`int`, defaults to 6): timed repeats (the unit of the time claim).
     """
@@ -61,10 +63,15 @@ class GraphFilterConfig(BaseConfig):
     reset: bool = param(True, "reset coverage when every n-gram of the remaining pool is covered", paper="[verify]")
     embedder: str = param("minilm", "k-center embeddings", choices=("minilm", "hashing"))
     train_layers: int = param(4, "top blocks fine-tuned (frozen trunk below)", paper="full fine-tuning")
-    epochs: int = param(3, "SFT epochs over the selected subset", paper="3 [verify]")
-    lr: float = param(2e-4, "AdamW learning rate of the top blocks", paper="2e-5 (full FT) [verify]")
+    # chosen once for every selector on the dev splits (README, "SFT recipe"): 3 epochs at 2e-4 left every selector
+    # near chance; 8 x 5e-4 gave the best accuracy averaged over the selectors
+    epochs: int = param(8, "SFT epochs over the selected subset", paper="3 [verify]")
+    lr: float = param(5e-4, "AdamW learning rate of the top blocks", paper="2e-5 (full FT) [verify]")
     train_batch: int = param(8, "SFT examples per optimiser step")
     eval_per_family: int = param(5, "held-out items per family (5 options each)")
+    eval_split: str = param(
+        "test", "split of the held-out items (dev: choosing the SFT recipe)", choices=("dev", "test")
+    )
     timing_pool: int = param(20000, "synthetic pool size of the selection-time table (0: skip)")
     timing_repeats: int = param(6, "timed repeats of each selector on the timing pool")
 

@@ -164,10 +164,11 @@ def build_pool(ctx: Any, cfg: Any, banks: dict[str, list[str]]) -> list[Item]:
 
 
 def build_eval(ctx: Any, cfg: Any, banks: dict[str, list[str]]) -> list[Item]:
-    """Balanced held-out items (test splits) with 5 options: gold, 2 wrong values, another family's tag, untagged."""
+    """Balanced held-out items (`cfg.eval_split`: test, or dev to choose the SFT recipe) with 5 options: gold, 2 wrong
+    values, another family's tag, untagged."""
     items = []
     for fi, fam in enumerate(FAMILIES):
-        examples = ctx.data(fam.suite, cfg.eval_per_family, split="test", **dict(fam.kwargs))
+        examples = ctx.data(fam.suite, cfg.eval_per_family, split=cfg.eval_split, **dict(fam.kwargs))
         rng = np.random.default_rng(derive_seed(cfg.seed, "eval-options", fam.name))
         for ex in examples:
             other = FAMILIES[(fi + 1 + int(rng.integers(len(FAMILIES) - 1))) % len(FAMILIES)]
