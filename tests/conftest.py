@@ -7,6 +7,7 @@ SmolLM2 / Gemma GGUFs through lmlab's model cache, loaded once per test process.
 from __future__ import annotations
 
 import os
+import re
 import socket
 
 import pytest
@@ -129,3 +130,26 @@ def gemma3():
     from lmlab.core.models import load_model
 
     return load_model("gemma3-270m")
+
+
+# A field is timing, and left out of cross-process comparisons, when its unit is s / ms / tok/s or its name has
+# "time", "wall", "throughput", "latency", "tok_s", "per_s" or ends in "_s" / "_ms" (they vary run to run).
+# Everything else in the metric rows (value, CI, n) and in every claim check must be bit-identical.
+_TIMING_UNITS = {"s", "ms", "tok/s"}
+_TIMING_NAME = re.compile(r"time|wall|throughput|latency|tok_s|per_s|_s$|_ms$")
+
+
+def _comparable(result_json: dict) -> dict:
+    rows = result_json["metrics"]
+    # a metric is timing if any of its rows is (claims carry no unit: they go by their metric's rows)
+    timing = {m["metric"] for m in rows if m.get("unit") in _TIMING_UNITS or _TIMING_NAME.search(m["metric"])}
+    metrics = {(m["system"], m["metric"]): (m["value"], m["ci_low"], m["ci_high"], m["n"])
+               for m in rows if m["metric"] not in timing}  # fmt: skip
+    claims = [c for c in result_json["claims"] if c["metric"] not in timing and not _TIMING_NAME.search(c["metric"])]
+    return {"metrics": metrics, "claims": claims, "status": result_json["claim"]["status"]}
+
+
+@pytest.fixture(scope="session")
+def comparable():
+    """``comparable(result_json) -> dict``: the numbers of a run that must not depend on the process."""
+    return _comparable

@@ -2,7 +2,8 @@
 
 Checks what every method owes: it runs end to end, writes a valid result folder, reports finite metrics for the
 method and its baselines, computes its claim checks from recorded values, is deterministic under a seed (timing
-metrics aside), writes nothing outside its output folder, and honours --limit.
+metrics aside, and across processes: the same smoke runs in one `lmlab reproduce` subprocess give the same numbers),
+writes nothing outside its output folder, and honours --limit.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -75,6 +79,29 @@ def test_same_seed_gives_identical_metrics(smoke_run):
     rows_b = {(m.system, m.metric): m.value for m in b.metrics if m.unit not in TIMING_UNITS}
     assert rows_a == rows_b
     assert [c.status for c in a.claims] == [c.status for c in b.claims]
+
+
+@pytest.fixture(scope="session")
+def other_process(tmp_path_factory):
+    """Every method's smoke run again, in ONE fresh `lmlab reproduce` process (one interpreter start for all)."""
+    out = tmp_path_factory.mktemp("other-process")
+    cmd = [sys.executable, "-m", "lmlab", "reproduce", *METHODS, "--preset", "smoke", "--model", "tiny-llama",
+           "--threads", "1", "--out", str(out / "r"), "--no-progress", "-q"]  # fmt: skip
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=1500, env={**os.environ, "LMLAB_NO_PROGRESS": "1"}
+    )
+    assert (out / "r").is_dir(), proc.stderr[-2000:]
+    return out / "r"
+
+
+def test_same_seed_gives_identical_numbers_in_another_process(smoke_run, other_process, comparable):
+    method_id, root, _, _ = smoke_run
+    here = json.loads((root / "a" / "result.json").read_text())
+    path = Path(other_process) / method_id / "result.json"
+    assert path.is_file(), f"{method_id}: the other process wrote no result"
+    there = json.loads(path.read_text())
+    assert there["run_info"]["status"] == "ok", there["run_info"].get("error")
+    assert comparable(there) == comparable(here)
 
 
 def test_nothing_written_outside_the_output_folder(smoke_run):

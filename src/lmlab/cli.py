@@ -6,6 +6,7 @@
                  [--seed 0 | --seeds 0 1 2] [--device D] [--dtype T] [--threads N] [--limit N] [--batch-size N]
                  [--out DIR] [--no-plots] [--no-progress] [--dry-run] [-v|-q]
     lmlab reproduce [ID ... | --only ID ... | --area AREA | --all] [--quick] [--strict] [--resume] [--out DIR]
+                    [--seeds 0 1 2] [--models M,M] [--executor local|ray] [--address ADDR] [--jobs N]
     lmlab models [--check] [--json]
     lmlab data list | lmlab data show SUITE [--n 5] [--seed 0] [--split test]
     lmlab cache build [--suite mixed] [--seed 0] [--n 120] [--variants a,b] [--out DIR] [--no-resume]
@@ -207,6 +208,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     args.ids = list(args.ids) + list(args.only)
     if args.all and (args.ids or args.area):
         raise UsageError("--all cannot be combined with method ids or --area")
+    if args.address and args.executor != "ray":
+        raise UsageError(f"--address {args.address} needs --executor ray (got --executor {args.executor})")
+    if args.executor == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise UsageError("--executor ray needs ray: pip install 'lmlab[ray]'")
+    models = _parse_models(args.models) if args.models is not None else None
     _check_backend(args.ids, args.backend, all_must_have=False)
     overrides = _run_overrides(args)
     with quiet_transformers():
@@ -218,15 +227,40 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             resume=args.resume,
             show_progress=False if args.no_progress else None,
             overrides=overrides,
+            seeds=args.seeds,
+            models=models,
+            executor=args.executor,
+            address=args.address,
+            jobs=args.jobs,
         )
     from lmlab.core.reporting import VERDICT
+    from lmlab.grid import single_cell, summary_line
 
-    for e in entries:
-        print(f"{e['method']:>24}  {VERDICT.get(e['status'], e['status']):>14}  {e['numbers']}")
+    grid = json.loads((folder / "grid.json").read_text())
+    if single_cell(grid["seeds"], grid["models"]):
+        for e in entries:
+            print(f"{e['method']:>24}  {VERDICT.get(e['status'], e['status']):>14}  {e['numbers']}")
+    else:
+        for m in grid["methods"]:
+            skipped = sorted({c["reason"] for c in grid["cells"] if c["method"] == m["method"] and c["reason"]
+                              and c["status"] == "skipped"})  # fmt: skip
+            errors = f", {m['n_errors']} errors" if m["n_errors"] else ""
+            verdict = m["verdict"].replace("_", " ")
+            line = f"{m['method']:>24}  {verdict:>14}  holds in {m['k_holds']} of {m['n_cells']} cells{errors}"
+            print(line + (f"; skipped: {'; '.join(skipped)}" if skipped else ""))
     print(f"report: {(folder / 'report.html').resolve()}")
+    print(summary_line(grid["counts"]))
     if args.strict and any(e["status"] != "supported" for e in entries):
         return EXIT_ERROR
     return EXIT_ERROR if any(e["status"] == "error" for e in entries) else EXIT_OK
+
+
+def _parse_models(text: str) -> list[str]:
+    """``--models a,b`` (or ``a b``) -> ["a", "b"]; an empty name is refused."""
+    names = [m.strip() for m in text.replace(" ", ",").split(",")]
+    if not names or any(not m for m in names):
+        raise UsageError(f"--models expects comma-separated model aliases like smollm2-135m,gemma3-270m, got {text!r}")
+    return names
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -394,7 +428,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every paper method (the default when no ids are given)")
     add_common(p)
     p.add_argument("--strict", action="store_true", help="exit 1 unless every claim holds")
-    p.add_argument("--resume", action="store_true", help="continue the newest (or --out) reproduce folder")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the newest (or --out) reproduce folder; finished cells are not run again",
+    )
+    p.add_argument("--seeds", type=int, nargs="+", metavar="K", help="seeds of the grid (default: the config's seed)")
+    p.add_argument(
+        "--models", metavar="M,M", help="comma-separated models of the grid (default: each method's own default model)"
+    )
+    p.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="local: this machine (--jobs N processes); ray: each cell a Ray task (lmlab[ray])",
+    )
+    p.add_argument("--address", help="Ray cluster to connect to (default: start a local one)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="cells run at once (local: a process pool; ray with no --address: the local cluster's CPUs)",
+    )
     p.set_defaults(func=cmd_reproduce, preset="default")
 
     p = sub.add_parser("models", help="list model aliases, installed and cached")
