@@ -131,6 +131,23 @@ def test_lazy_exports_load_on_first_use_and_reject_double_exports():
         registry.lazy_exports("pkg", a=("x",), b=("x",))
 
 
+def test_lazy_exports_can_take_a_submodules_own_all_without_importing_it(tmp_path, monkeypatch):
+    pkg = tmp_path / "lazy_pkg_probe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub.py").write_text('__all__ = ["b", "a"]\nraise RuntimeError("imported")\n')
+    (pkg / "plain.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    getattr_, names = registry.lazy_exports("lazy_pkg_probe", sub="__all__")
+    assert names == ("b", "a")  # read from the source: importing sub would have raised
+    with pytest.raises(RuntimeError, match="imported"):
+        getattr_("a")  # first use imports it
+    with pytest.raises(ValueError, match="defines no literal __all__"):
+        registry.lazy_exports("lazy_pkg_probe", plain="__all__")
+    with pytest.raises(ValueError, match="no submodule 'nope'"):
+        registry.lazy_exports("lazy_pkg_probe", nope="__all__")
+
+
 def test_every_exported_name_of_every_method_resolves():
     import importlib
 

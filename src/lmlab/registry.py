@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import importlib.util
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -226,7 +227,20 @@ def load_attr(path: str) -> Any:
         raise ImportError(f"{module_name} has no attribute {attr!r} (from {path!r})") from None
 
 
-def lazy_exports(package: str, **modules: tuple[str, ...]) -> tuple[Callable[[str], Any], tuple[str, ...]]:
+def _static_all(package: str, submodule: str) -> tuple[str, ...]:
+    """The ``__all__`` of `package.submodule`, read from its source without importing it (no torch at list time)."""
+    import ast
+
+    spec = importlib.util.find_spec(f"{package}.{submodule}")
+    if spec is None or not spec.origin:
+        raise ValueError(f"{package}: no submodule {submodule!r} to read __all__ from")
+    for node in ast.parse(Path(spec.origin).read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise ValueError(f"{package}.{submodule} defines no literal __all__; list its exports in lazy_exports instead")
+
+
+def lazy_exports(package: str, **modules: tuple[str, ...] | str) -> tuple[Callable[[str], Any], tuple[str, ...]]:
     """A module-level `__getattr__` for a method package that loads its submodules on first use.
 
     A method's `__init__.py` must import no torch (so that `lmlab list` stays fast), yet users expect
@@ -236,11 +250,16 @@ def lazy_exports(package: str, **modules: tuple[str, ...]) -> tuple[Callable[[st
         __getattr__, _LAZY = lazy_exports(__name__, method=("wanda_prune",), experiment=("helper",))
         __all__ = ["SPEC", *_LAZY]
 
+    ``method="__all__"`` exports the submodule's own ``__all__``, read from its source (not imported), so the list
+    is written once, in the module that defines the names.
+
     Returns:
         (`__getattr__`, the exported names in the order given).
     """
     where: dict[str, str] = {}
     for submodule, names in modules.items():
+        if names == "__all__":
+            names = _static_all(package, submodule)
         for name in names:
             if name in where:
                 raise ValueError(f"{package}: {name!r} exported by both {where[name]!r} and {submodule!r}")

@@ -55,33 +55,7 @@ SPEC = register_method(
 # The algorithm imports torch (training, decoding); its names load on first use.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "AWLRun",
-        "Problem",
-        "SFTExample",
-        "Step",
-        "Trace",
-        "TraceCache",
-        "balance_repeat",
-        "calls_tool",
-        "clone_topk",
-        "encode_segments",
-        "extract_answer",
-        "make_stage2_data",
-        "make_tool_only_data",
-        "make_wkl_data",
-        "parse_react",
-        "format_react",
-        "problem_from_example",
-        "render_prompt",
-        "run_with_tools",
-        "sft_steps",
-        "split_easy_hard",
-        "tool_usage_accuracy",
-        "tool_usage_scores",
-        "train_awl",
-        "train_tool_only",
-    ),
+    method="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

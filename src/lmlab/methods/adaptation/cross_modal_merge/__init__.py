@@ -65,31 +65,8 @@ SPEC = register_method(
 # The algorithm imports torch (and peft for TIES / DARE); its names load on first use.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "DEFAULT_EXCLUDE",
-        "GlyphProjector",
-        "check_same_base",
-        "dare_merge",
-        "effective_blocks",
-        "layer_blocks",
-        "layer_index",
-        "layer_knockout",
-        "layer_norms",
-        "layerswap_merge",
-        "linear_merge",
-        "task_vector",
-        "ties_merge",
-    ),
-    proxy=(
-        "DigitScorer",
-        "Item",
-        "all_pair_items",
-        "apply_task_vector",
-        "build_items",
-        "dense_task_vector",
-        "digit_token_ids",
-        "train_lora",
-    ),
+    method="__all__",
+    proxy="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

@@ -52,19 +52,7 @@ SPEC = register_method(
 
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "DLoreftIntervention",
-        "InterventionHandle",
-        "LoreftIntervention",
-        "ReftConfig",
-        "TrainStats",
-        "attach_interventions",
-        "make_intervention",
-        "option_logprobs",
-        "parse_positions",
-        "positions_from_mask",
-        "train_intervention",
-    ),
+    method="__all__",
     storage=("load_interventions", "save_interventions"),
     task=("CONTINENT_OPTIONS", "HELDOUT_TEMPLATES", "TRAIN_TEMPLATES", "build_items", "typo"),
 )

@@ -70,19 +70,7 @@ SPEC = register_method(
 # The algorithm imports torch; its names load on first use.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "FedICU",
-        "cosine_weights",
-        "decode_sparse",
-        "encode_sparse",
-        "fedicu_combine",
-        "importance",
-        "importance_mask",
-        "kept_count",
-        "softmax_weights",
-        "split_consensus_divergence",
-        "topk_mask",
-    ),
+    method="__all__",
     experiment=("flower_setup", "load_bank", "lora_init"),
 )
 

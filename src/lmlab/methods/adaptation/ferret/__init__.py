@@ -66,21 +66,7 @@ SPEC = register_method(
 # The algorithm imports torch; its names load on first use.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "BlockLayout",
-        "FedKSeed",
-        "Ferret",
-        "adaptive_n_seeds",
-        "basis",
-        "block_layout",
-        "candidate_seeds",
-        "coordinate_matrix",
-        "ferret_project",
-        "ferret_reconstruct",
-        "project_block",
-        "reconstruct_block",
-        "server_lr",
-    ),
+    method="__all__",
     experiment=("flower_setup", "partition"),
 )
 

@@ -62,25 +62,7 @@ SPEC = register_method(
 # The algorithm imports torch; its names load on first use.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "BudgetExceeded",
-        "CountingUtility",
-        "ModelSwarm",
-        "SearchResult",
-        "SwarmConfig",
-        "SwarmResult",
-        "best_single",
-        "dare_linear_merge",
-        "knob_search",
-        "lora_task_vectors",
-        "merge",
-        "merge_task_vectors",
-        "normalized_weights",
-        "random_search",
-        "ties_merge",
-        "uniform_soup",
-        "velocity_update",
-    ),
+    method="__all__",
     adapters=("ChoiceSet", "LoraSlot", "from_peft_state", "lora_state", "peft_state", "train_lora_expert"),
 )
 

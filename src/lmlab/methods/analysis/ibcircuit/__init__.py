@@ -55,21 +55,7 @@ SPEC = register_method(
 # The algorithm imports torch; its names load on first use.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "CircuitBatch",
-        "CircuitEval",
-        "IBCircuit",
-        "answer_logits",
-        "auroc",
-        "eap_node_scores",
-        "evaluate_circuit",
-        "faithfulness_curve",
-        "hap_scores",
-        "head_means",
-        "patching_scores",
-        "random_scores",
-        "top_k_heads",
-    ),
+    method="__all__",
     task=(
         "greater_than_dataset",
         "induction_dataset",

@@ -61,22 +61,7 @@ SPEC = register_method(
 # The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "csh_from_activations",
-        "csw_test",
-        "encode_pair",
-        "fisher_combine",
-        "generalized_match",
-        "keep_layers",
-        "localized_match",
-        "match_test",
-        "mlp_activations",
-        "permtest",
-        "permute_model",
-        "random_permutations",
-        "retrain_mlp_block",
-        "rotate_residual",
-    ),
+    method="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

@@ -68,22 +68,7 @@ SPEC = register_method(
 # The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "EdgeTop",
-        "LoRAGenerator",
-        "MixtureHooks",
-        "batch_stream",
-        "cache_prompt_context",
-        "encode_cloud",
-        "export_peft",
-        "keep_top_k_softmax",
-        "merge_deltas",
-        "train_generator",
-        "train_lora",
-        "train_lora_ctx",
-        "train_lora_per_task",
-        "unmerge",
-    ),
+    method="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

@@ -45,10 +45,7 @@ SPEC = register_method(
 # The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "sparsegpt_prune",
-        "sparsegpt_prune_weight",
-    ),
+    method="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

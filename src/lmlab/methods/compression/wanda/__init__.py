@@ -45,12 +45,7 @@ SPEC = register_method(
 # The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "wanda_prune",
-        "magnitude_prune_model",
-        "wanda_prune_weight",
-        "wanda_scores",
-    ),
+    method="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

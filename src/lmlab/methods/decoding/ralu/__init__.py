@@ -45,41 +45,10 @@ SPEC = register_method(
 # Exported names load on first use, as in every method package (`lmlab list` imports only the specs).
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "ralu_repair",
-        "RaLUSession",
-        "RaLUResult",
-        "UnitTrace",
-        "check_unit",
-        "clean_spec",
-        "confidence",
-        "extract_block",
-        "extract_core_chars",
-        "reasoning_path",
-        "step_units",
-    ),
-    backends=(
-        "ChatBackend",
-        "ChatResponse",
-        "HFChatBackend",
-        "OpenAIChatBackend",
-        "OracleJudgeBackend",
-    ),
-    units=(
-        "LogicUnit",
-        "Program",
-        "apply_fix",
-        "apply_fixes",
-        "cfg_units",
-        "extract_units",
-        "line_units",
-        "whole_unit",
-    ),
-    mutations=(
-        "mutate_snippet",
-        "unit_candidates",
-        "injection_sites",
-    ),
+    method="__all__",
+    backends="__all__",
+    units="__all__",
+    mutations="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

@@ -89,20 +89,9 @@ SPEC = register_method(
 # The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "amdahl_bound",
-        "effective_mask",
-        "block_coverage",
-        "build_layer_index",
-        "default_search_space",
-        "search_head",
-        "search_patterns",
-        "sparse_attention",
-        "sparse_prefill",
-        "vs_estimate",
-    ),
-    modality=("ModalityLayout", "modality_permutation", "mm_estimate", "mm_head_groups", "search_mm_patterns"),
-    attention=("MMInferenceController", "LayerRecord"),
+    method="__all__",
+    modality="__all__",
+    attention="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

@@ -67,24 +67,7 @@ SPEC = register_method(
 # The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "KVSelectionController",
-        "ModelSupport",
-        "PreRopeKeyCapture",
-        "Selector",
-        "ShadowKV",
-        "ShadowKVState",
-        "energy_rank",
-        "fidelity",
-        "landmarks_and_outliers",
-        "low_rank_keys",
-        "model_support",
-        "prefill",
-        "rebuild_keys",
-        "rewind",
-        "rope_tables",
-        "teacher_forced_logprobs",
-    ),
+    method="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

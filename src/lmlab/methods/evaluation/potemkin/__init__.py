@@ -65,29 +65,8 @@ SPEC = register_method(
 # The algorithm and the concepts load on first use (`lmlab list` imports only the spec).
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "Agent",
-        "BackendAgent",
-        "Benchmark",
-        "ChoiceItem",
-        "OracleAgent",
-        "Question",
-        "RandomAgent",
-        "Rate",
-        "Record",
-        "TextItem",
-        "YesNoItem",
-        "build_benchmark",
-        "build_lower_bound",
-        "grade_use",
-        "incoherence",
-        "lower_bound",
-        "potemkin_rates",
-        "run_benchmark",
-        "run_lower_bound",
-        "scaled_rate",
-    ),
-    concepts=("CONCEPTS", "GAME_THEORY", "PAPER_CONCEPTS", "Concept", "Constraint", "get_concepts"),
+    method="__all__",
+    concepts="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

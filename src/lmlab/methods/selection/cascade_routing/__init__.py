@@ -51,26 +51,7 @@ SPEC = register_method(
 # The algorithm imports numpy/scipy/sklearn; its names load on first use.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "CascadeRouter",
-        "Estimates",
-        "LogisticEstimator",
-        "PoolData",
-        "area_under_curve",
-        "budget_sweep",
-        "build_table",
-        "execute_table",
-        "expected_max",
-        "ground_truth_noise_estimates",
-        "next_model",
-        "pareto_hull",
-        "pool_from_cache",
-        "route",
-        "supermodel_candidates",
-        "threshold_cascade",
-        "tune",
-        "tune_table",
-    ),
+    method="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

@@ -46,22 +46,7 @@ SPEC = register_method(
 # The algorithm imports numpy; its names load on first use.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "AllExperts",
-        "Bandit",
-        "Domain",
-        "EpsilonGreedy",
-        "Expert",
-        "KABB",
-        "RandomK",
-        "ThompsonSampling",
-        "UCB1",
-        "best_fixed_subset",
-        "knowledge_distance",
-        "run_stream",
-        "task_difficulty",
-        "weighted_vote",
-    ),
+    method="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

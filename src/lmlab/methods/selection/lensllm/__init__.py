@@ -54,22 +54,7 @@ SPEC = register_method(
 # The algorithm imports numpy/scipy (and torch for the NTK); its names load on first use.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "LawFit",
-        "Selection",
-        "compute_ratio",
-        "empirical_ntk",
-        "fit_ats",
-        "fit_lens_law",
-        "fit_rectified_law",
-        "lens_law",
-        "normalise_ntk",
-        "ntk_residual",
-        "phase_transition",
-        "rectified_law",
-        "select",
-        "selection_metrics",
-    ),
+    method="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]
