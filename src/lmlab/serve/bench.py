@@ -222,12 +222,18 @@ def bench_serve(
     ))  # fmt: skip
     notes = []
     gguf = _gguf_for(model_spec) if llamacpp else None
+    llama_threads = None
     if llamacpp and gguf and llamacpp_server_available():
+        import torch
+
+        llama_threads = threads or torch.get_num_threads()
         p2 = free_port()
         servers.append((
             "llama.cpp-server",
             [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port", str(p2),
-             *(["--n_threads", str(threads)] if threads else [])],
+             # llama-cpp-python defaults to cpu_count // 2 threads (1 on 2 cores) while torch takes every core:
+             # give both servers the same count
+             "--n_threads", str(llama_threads), "--n_threads_batch", str(llama_threads)],
             "/v1/models",
             str(p2),
         ))  # fmt: skip
@@ -263,6 +269,7 @@ def bench_serve(
         "max_tokens": max_tokens,
         "max_seconds": max_seconds,
         "prompt_words": prompt_words,
+        "threads": {"lmlab": threads or "torch default", "llama.cpp": llama_threads},
         "servers": rows,
         "loadavg_before": list(load_before),
         "publishable": not reasons and not problems,
