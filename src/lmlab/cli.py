@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from lmlab.errors import ModelNotFoundError, UsageError
+from lmlab.errors import LmlabError, ModelNotFoundError, OutputError, UsageError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -138,10 +138,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     seeds = args.seeds if args.seeds else [args.seed]
     _check_backend([spec.id], args.backend, all_must_have=True)
     overrides = _run_overrides(args)
+    # resolved here too (cheap), so that bad values and an unwritable output folder are refused before any run
+    first = {**overrides, "seed": seeds[0]} if seeds[0] is not None else overrides
+    cfg = resolve_config(spec, preset=preset, config_file=args.config, sets=args.set, overrides=first)
     if args.dry_run:
-        cfg = resolve_config(spec, preset=preset, config_file=args.config, sets=args.set, overrides=overrides)
         print(to_yaml(cfg), end="")
         return EXIT_OK
+    from lmlab.results import check_output_root
+
+    # refused now, not after a run of minutes whose results then cannot be saved
+    check_output_root(args.out or cfg.output_dir, "--out" if args.out else "output_dir")
     results = []
     with quiet_transformers():
         for seed in seeds:
@@ -306,6 +312,9 @@ def cmd_data(args: argparse.Namespace) -> int:
         print(_table(rows, ["suite", "metric", "source", "description"]))
         return EXIT_OK
     kwargs = dict(_parse_kv(kv) for kv in args.kw)
+    for flag, value in (("--n", args.n), ("--seed", args.seed)):
+        if value < (1 if flag == "--n" else 0):
+            raise UsageError(f"{flag} must be >= {1 if flag == '--n' else 0}, got {value}")
     examples = data.load(args.suite, args.n, seed=args.seed, split=args.split, **kwargs)
     for ex in examples:
         print(json.dumps(ex.to_dict(), ensure_ascii=False, default=str))
@@ -374,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Recent LLM research methods, reproduced on small real models, offline on a CPU.",
     )
     parser.add_argument("--version", action="version", version=f"lmlab {__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the full traceback of an error (also LMLAB_DEBUG=1)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("list", help="list registered methods")
@@ -410,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(p)
     p.add_argument("--config", help="YAML/JSON file of config values")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
-    p.add_argument("--seed", type=int, default=0)
+    # default None, not 0: a seed from --config or --set must not be overridden by an unset --seed
+    p.add_argument("--seed", type=int, default=None, help="seed (default: the config's, 0)")
     p.add_argument("--seeds", type=int, nargs="+")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--dry-run", "--show-config", dest="dry_run", action="store_true", help="print the config")
@@ -419,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("fast", "fast-int4", "hf"),
         help="decode engine: fast (default where supported; fp32, exact), fast-int4 (4-bit weights), hf",
     )
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
     p.set_defaults(func=cmd_run, preset="default")
 
     p = sub.add_parser("reproduce", help="run many methods and write one report")
@@ -689,7 +703,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _setup_logging(args: argparse.Namespace) -> None:
+def _setup_logging(args: argparse.Namespace, *, debug: bool = False) -> None:
     level = logging.WARNING
     if getattr(args, "quiet", False):
         level = logging.ERROR
@@ -698,6 +712,31 @@ def _setup_logging(args: argparse.Namespace) -> None:
     elif getattr(args, "verbose", 0) == 1:
         level = logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not debug:
+        for handler in logging.getLogger().handlers:
+            if type(handler) is logging.StreamHandler:  # ours (basicConfig's), not a test harness's capture
+                handler.setFormatter(_OneLineFormatter(handler.formatter._fmt if handler.formatter else None))
+
+
+class _OneLineFormatter(logging.Formatter):
+    """Outside --debug a logged failure is one line: a traceback (in exc_info or in the message) is cut off.
+
+    A failed experiment is recorded in its result and logged (by the runner) with its traceback; the user sees the
+    error's first line, and ``--debug`` (or ``LMLAB_DEBUG=1``) shows the rest. The record itself is left as it
+    is, for any other handler.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text
+        record.exc_info, record.exc_text = None, None
+        try:
+            text = super().format(record)
+        finally:
+            record.exc_info, record.exc_text = saved
+        cut = text.find("Traceback (most recent call last)")
+        if cut >= 0 or saved[0]:
+            text = (text[:cut] if cut >= 0 else text).rstrip() + " (--debug for the traceback)"
+        return text
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -709,7 +748,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
-    _setup_logging(args)
+    debug = getattr(args, "debug", False) or os.environ.get("LMLAB_DEBUG") == "1"
+    _setup_logging(args, debug=debug)
     if getattr(args, "no_progress", False):
         os.environ["LMLAB_NO_PROGRESS"] = "1"
     from lmlab.registry import UnknownMethodError
@@ -719,20 +759,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `lmlab info x | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
-    except (UsageError, UnknownMethodError, ModelNotFoundError, ValueError, KeyError) as e:
-        print(f"lmlab: error: {_one_line(e)}", file=sys.stderr)
-        return EXIT_USAGE
-    except ImportError as e:
-        print(f"lmlab: error: {_one_line(e)}", file=sys.stderr)
-        return EXIT_ERROR
     except KeyboardInterrupt:
         print("lmlab: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        if debug:
+            raise
+        code = _exit_code(e, (UsageError, UnknownMethodError, ModelNotFoundError, ValueError, KeyError))
+        hint = "" if code == EXIT_USAGE or isinstance(e, LmlabError | ImportError) else " (--debug for the traceback)"
+        print(f"lmlab: error: {_one_line(e)}{hint}", file=sys.stderr)
+        return code
+
+
+def _exit_code(e: Exception, usage: tuple[type, ...]) -> int:
+    """2 for bad input (what the user typed), 1 for everything else (a failed write, a missing package, a bug)."""
+    if isinstance(e, OutputError):
+        return EXIT_ERROR
+    return EXIT_USAGE if isinstance(e, usage) else EXIT_ERROR
 
 
 def _one_line(e: BaseException) -> str:
+    """The first line of the error's message; an unexpected error type (not ours, not bad input) is named."""
     text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
-    return text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    line = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    expected = (LmlabError, ValueError, KeyError, ImportError)
+    return line if isinstance(e, expected) or line.startswith(type(e).__name__) else f"{type(e).__name__}: {line}"
 
 
 if __name__ == "__main__":  # pragma: no cover

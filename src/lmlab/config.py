@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -28,28 +29,123 @@ def param(
     *,
     paper: str | None = None,
     choices: Sequence[Any] | None = None,
+    lo: float | None = None,
+    hi: float | None = None,
+    open_lo: bool = False,
+    allow_inf: bool = False,
+    nonempty: bool = False,
 ) -> Any:
-    """A config field with its help text, the paper's value (``"0.5 (Sec. 4)"``) and optional choices."""
+    """A config field with its help text, the paper's value (``"0.5 (Sec. 4)"``) and what values it accepts.
+
+    Declaring the accepted values here (rather than only in a ``__post_init__``) lets `BaseConfig` check every
+    field the same way, whichever way the config was built (``--set``, a YAML file, the Python API), and name the
+    field in the error.
+
+    Args:
+        choices: the only values allowed. lo, hi, open_lo: numeric range ``[lo, hi]`` (``(lo, hi]`` with open_lo),
+            also applied to each number of a list value. allow_inf: accept ``inf`` (refused by default: a config
+            number is finite unless its default is infinite). nonempty: refuse an empty string or list.
+    """
     meta: dict[str, Any] = {"help": help}
     if paper is not None:
         meta["paper"] = paper
     if choices is not None:
         meta["choices"] = tuple(choices)
+    if lo is not None or hi is not None:
+        meta["range"] = (lo, hi, open_lo)
+    if allow_inf:
+        meta["allow_inf"] = True
+    if nonempty:
+        meta["nonempty"] = True
     if isinstance(default, list | dict | set):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def check_range(name: str, value: float, lo: float | None = None, hi: float | None = None, *, open_lo: bool = False):
-    """Raise ``ValueError`` naming `name` unless lo <= value <= hi (lo < value with `open_lo`)."""
+    """Raise ``ValueError`` naming `name` unless lo <= value <= hi (lo < value with `open_lo`); NaN is refused."""
     if value is None:
         return
+    lo_s = "-inf" if lo is None else f"{lo}"
+    hi_s = "inf" if hi is None else f"{hi}"
+    bracket = "(" if open_lo else "["
+    if not _is_number(value) and not (hasattr(value, "__float__") and not isinstance(value, str | bool)):
+        raise ValueError(f"{name} must be a number in {bracket}{lo_s}, {hi_s}], got {value!r}")
+    if value != value:  # NaN compares false with everything, so it would pass every bound below
+        raise ValueError(f"{name} must be a number in {bracket}{lo_s}, {hi_s}], got nan")
     bad = (lo is not None and (value <= lo if open_lo else value < lo)) or (hi is not None and value > hi)
     if bad:
-        lo_s = "-inf" if lo is None else f"{lo}"
-        hi_s = "inf" if hi is None else f"{hi}"
-        bracket = "(" if open_lo else "["
         raise ValueError(f"{name} must be in {bracket}{lo_s}, {hi_s}], got {value!r}")
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return None
+
+
+def _check_number(name: str, value: Any, default: Any, meta: Mapping[str, Any]) -> None:
+    """NaN is never a setting; inf only where the field says so or its default is infinite; ints fit in int64."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+        raise ValueError(f"{name} must be an integer of magnitude below 2**63 (torch's int64), got {value!r}")
+    if not isinstance(value, float):
+        return
+    if math.isnan(value):
+        raise ValueError(f"{name} must be a finite number, got nan")
+    if math.isinf(value) and not meta.get("allow_inf") and not (isinstance(default, float) and math.isinf(default)):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def check_field(f: dataclasses.Field, value: Any) -> None:
+    """Validate one field's value against what its `param(...)` declares (choices, range, finiteness, emptiness).
+
+    A list value is checked number by number (a sweep of thresholds: each must be finite and in range).
+    """
+    meta = f.metadata
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        raise ValueError(f"{f.name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+    if isinstance(value, list | tuple):
+        checks = [(f"{f.name}[{i}]", item, None) for i, item in enumerate(value) if _is_number(item)]
+    else:
+        checks = [(f.name, value, _field_default(f))] if value is not None else []
+    for label, item, default in checks:
+        _check_number(label, item, default, meta)
+        if "range" in meta:
+            lo, hi, open_lo = meta["range"]
+            check_range(label, item, lo, hi, open_lo=open_lo)
+    if meta.get("nonempty") and isinstance(value, str | list | tuple | dict):
+        if not (value.strip() if isinstance(value, str) else value):
+            raise ValueError(f"{f.name} must not be empty, got {value!r}")
+
+
+def _check_elements(f: dataclasses.Field, value: Any) -> Any:
+    """A list value whose default is a list of one kind (all numbers, or all strings) must hold that kind too.
+
+    Most list fields are annotated as a bare ``list``, so the default is the only record of what they hold;
+    ``--set thresholds="['a']"`` would otherwise reach the experiment and fail there with a traceback.
+    """
+    default = _field_default(f)
+    if not isinstance(value, list | tuple) or not isinstance(default, list | tuple) or not default:
+        return value
+    if all(_is_number(d) for d in default):
+        kind, ok = "number", _is_number
+    elif all(isinstance(d, str) for d in default):
+        kind, ok = "string", lambda v: isinstance(v, str)
+    else:
+        return value
+    for i, item in enumerate(value):
+        if not ok(item):
+            raise ValueError(f"{f.name}[{i}] must be a {kind} (like {default[0]!r}), got {item!r}")
+    if all(isinstance(d, float) for d in default):  # [1, 2] for a float sweep: convert, as for a float field
+        value = type(value)(float(v) for v in value)
+    return value
 
 
 @dataclass
@@ -80,14 +176,11 @@ class BaseConfig:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            choices = f.metadata.get("choices")
-            value = getattr(self, f.name)
-            if choices is not None and value not in choices:
-                raise ValueError(f"{f.name} must be one of {', '.join(map(str, choices))}, got {value!r}")
-        check_range("seed", self.seed, 0)
+            check_field(f, getattr(self, f.name))
+        check_range("seed", self.seed, 0, 2**32 - 1)  # numpy's seed range
         check_range("batch_size", self.batch_size, 1)
         check_range("max_new_tokens", self.max_new_tokens, 1)
-        check_range("threads", self.threads, 1)
+        check_range("threads", self.threads, 1, 4096)
         check_range("limit", self.limit, 1)
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,8 +296,13 @@ def build_config(cls: type, *layers: Mapping[str, Any]) -> Any:
             current = merged.get(key)
             if isinstance(value, Mapping) and isinstance(current, Mapping):
                 value = {**current, **value}
-            merged[key] = _coerce(cls, key, value, hints[key])
-    return cls(**merged)
+            merged[key] = _check_elements(known[key], _coerce(cls, key, value, hints[key]))
+    try:
+        return cls(**merged)
+    except (TypeError, ArithmeticError, AttributeError) as e:
+        # a __post_init__ that did arithmetic on a value before checking it: still one line naming the values
+        given = ", ".join(f"{k}={v!r}" for k, v in merged.items())
+        raise ValueError(f"{cls.__name__} refused {given or 'its defaults'}: {type(e).__name__}: {e}") from None
 
 
 def to_yaml(cfg: Any) -> str:

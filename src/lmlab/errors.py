@@ -16,3 +16,14 @@ class UsageError(LmlabError):
 
 class ModelNotFoundError(LmlabError, FileNotFoundError):
     """A model spec that names nothing loadable: unknown alias, missing package, missing file."""
+
+
+class CorruptModelError(ModelNotFoundError):
+    """A model file that exists but is truncated or corrupt (a GGUF cut short, a safetensors with a bad header)."""
+
+
+class OutputError(LmlabError, OSError):
+    """Results or a cache could not be written (disk full, a path under a file, no permission); exit code 1.
+
+    Whatever was written before stays intact: writes go to a temporary name and are renamed into place.
+    """

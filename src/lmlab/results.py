@@ -16,6 +16,7 @@ claim's status can only come from numbers this run measured. Paper numbers never
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -267,10 +268,10 @@ class RunResult:
         folder = Path(folder)
         if folder.exists():
             raise FileExistsError(f"output folder {str(folder)!r} already exists; runs are never overwritten")
-        folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}.tmp")
-        tmp.mkdir()
         try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
             (tmp / "result.json").write_text(dumps(self.to_json()))
             (tmp / "metrics.csv").write_text(self.metrics_csv())
             (tmp / "samples.jsonl").write_text("".join(json.dumps(_jsonable(s)) + "\n" for s in self.samples))
@@ -283,10 +284,28 @@ class RunResult:
             (tmp / "report.md").write_text(render_run_markdown(self, figure_paths=names))
             (tmp / "report.html").write_text(render_run_html(self if plots else _without_figures(self)))
             os.replace(tmp, folder)
+        except OSError as e:
+            raise write_error(folder, e) from None
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         return folder
+
+
+def write_error(path: str | Path, e: OSError) -> OSError:
+    """The one-line `OutputError` for a failed write of `path` (disk full, a parent that is a file, read-only).
+
+    Writes go to a temporary name renamed into place, so the message can promise that earlier results are intact.
+    """
+    from lmlab.errors import OutputError
+
+    if isinstance(e, OutputError):
+        return e
+    reason = e.strerror or str(e) or type(e).__name__
+    return OutputError(
+        f"could not write {str(path)!r}: {reason}; expected a writable folder with free space "
+        "(nothing was half-written; earlier results are intact)"
+    )
 
 
 def _without_figures(result: RunResult) -> RunResult:
@@ -325,11 +344,20 @@ def dumps(obj: Any) -> str:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write `text` to a temporary sibling and rename it over `path`: readers see the old or the new file, never half.
+
+    A failed write (disk full, no permission) removes the temporary file and raises `OutputError` in one line.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise write_error(path, e) from None
 
 
 def load_result(folder: str | Path) -> dict[str, Any] | None:
@@ -339,3 +367,29 @@ def load_result(folder: str | Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def check_output_root(path: str | Path, flag: str = "--out") -> Path:
+    """Refuse, before a run starts, an output root that can never be written: a file, or a folder under a file.
+
+    Returns the path. The first existing ancestor must be a folder we may write to; running for minutes and then
+    failing to save would waste the run. (Running as root, permission bits do not stop a write; a file in the way
+    does.)
+    """
+    from lmlab.errors import UsageError
+
+    path = Path(path)
+    try:
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{flag} {str(path)!r} is a file; expected a folder (existing or to be created)")
+        ancestor = path
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+    except OSError as e:  # a name too long for the file system
+        shown = str(path) if len(str(path)) <= 120 else f"{str(path)[:120]}... ({len(str(path))} characters)"
+        raise UsageError(f"{flag} {shown!r} cannot be used ({e.strerror}); expected a folder path") from None
+    if ancestor.exists() and not ancestor.is_dir():
+        raise UsageError(f"{flag} {str(path)!r} lies under the file {str(ancestor)!r}; expected a folder path")
+    if ancestor.exists() and not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {str(path)!r}: {str(ancestor)!r} is not writable; expected a writable folder")
+    return path

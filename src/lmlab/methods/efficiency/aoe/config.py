@@ -86,10 +86,10 @@ class AoEConfig(BaseConfig):
         check_range("moe_d_ff", self.moe_d_ff, 1)
         check_range("aux_coef", self.aux_coef, 0.0)
         check_range("d_model", self.d_model, 8)
+        check_range("n_heads", self.n_heads, 1)  # before the modulo: n_heads=0 would divide by zero
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads, got n_heads={self.n_heads}")
         check_range("n_layers", self.n_layers, 1)
-        check_range("n_heads", self.n_heads, 1)
         check_range("vocab_size", self.vocab_size, 16)
         check_range("n_seeds", self.n_seeds, 1)
         check_range("steps", self.steps, 1)
