@@ -583,7 +583,7 @@ def write_reproduce_report(folder: Path, method_ids: Sequence[str] | None = None
     Returns the summary rows, one per cell that ran (a single-cell grid: one per method, as before; a grid adds
     ``model`` and ``seed`` columns).
     """
-    from lmlab.core.reporting import run_blocks, summary_blocks, summary_row, to_html, to_markdown
+    from lmlab.core.reporting import run_blocks, summary_blocks, summary_row, to_markdown
     from lmlab.grid import RUN_STATUSES, grid_from_folder, single_cell, summary_line, write_grid
 
     folder = Path(folder)
@@ -626,17 +626,12 @@ def write_reproduce_report(folder: Path, method_ids: Sequence[str] | None = None
         intro += f" Not yet run: {', '.join(pending)}."
     head = summary_blocks(entries, title="lmlab reproduction report", intro=intro)
     md_blocks = list(head)
-    html_blocks = list(head)
     for cell, r in results:
         md_blocks += run_blocks(r, figure_paths={n: f"{cell['path']}/{n}.png" for n in r.figures}, level=2)
-        html_blocks += run_blocks(r, level=2)
     atomic_write_text(folder / "report.md", to_markdown(md_blocks))
-    try:
-        from lmlab.report_html import write_report
-    except ImportError:  # the browser report is not there yet: the plain renderer
-        atomic_write_text(folder / "report.html", to_html(html_blocks, title="lmlab reproduction report"))
-    else:
-        write_report(folder)
+    from lmlab.report_html import write_report
+
+    write_report(folder)
     atomic_write_text(folder / "summary.json", dumps(entries))
     buf = io.StringIO()
     if entries:
