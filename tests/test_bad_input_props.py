@@ -275,7 +275,7 @@ def gguf_bytes(tmp_path_factory) -> bytes:
 
 
 def test_valid_gguf_passes_the_check(gguf_bytes, tmp_path):
-    from lmlab.core.models import resolve_model
+    from lmlab.core.inference.models import resolve_model
 
     path = tmp_path / "ok.gguf"
     path.write_bytes(gguf_bytes)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from lmlab.core import models as M
+from lmlab.core.inference import models as M
 
 PY = sys.executable
 
@@ -34,11 +34,11 @@ CHILD_PRELUDE = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    import lmlab.core.models as M
+    import lmlab.core.inference.models as M
 
     def fake_build_from_gguf(directory, gguf_file):
         def build(folder):
-            from lmlab.core.tiny import make_byte_tokenizer, make_tiny_model
+            from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_model
             with open(os.environ["BUILD_LOG"], "a") as log:
                 log.write(f"{os.getpid()} start\\n")
             Path(os.environ["BUILD_LOG"] + ".started").touch()

@@ -129,7 +129,7 @@ _PRUNE = ["prune", "--model", "tiny-llama", "--n-calib", "4", "--seqlen", "32", 
     ("atp", ["--sparsity", "0.5", "--beta", "0.1"], 0.5),
 ])  # fmt: skip
 def test_prune_writes_a_loadable_hf_folder_with_its_report(tmp_path, method, extra, expected):
-    from lmlab.core.models import load_model
+    from lmlab.core.inference.models import load_model
     from lmlab.core.pruning import model_sparsity
 
     out = tmp_path / "pruned"
@@ -154,7 +154,7 @@ def test_prune_writes_a_loadable_hf_folder_with_its_report(tmp_path, method, ext
     (["--method", "wanda", "--beta", "0.01"], "--beta"),
 ])  # fmt: skip
 def test_prune_rejects_bad_values_before_any_work(tmp_path, capsys, monkeypatch, bad, needle):
-    import lmlab.core.models as models
+    import lmlab.core.inference.models as models
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the arguments were checked")

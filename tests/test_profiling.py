@@ -9,11 +9,11 @@ from lmlab.profiling import PHASES, RUNNER, bucket, classify, format_table, main
 R = "<module> (lmlab/__main__.py:1)"
 M = R + ";run (/r/src/lmlab/methods/alignment/mpo/experiment.py:40)"
 RAW = [
-    f"{M};train (/r/src/lmlab/core/sft.py:9);forward (torch/nn/modules/module.py:3) 10",
+    f"{M};train (/r/src/lmlab/core/training/sft.py:9);forward (torch/nn/modules/module.py:3) 10",
     f"{M};step (x.py:1);backward (/v/torch/_tensor.py:620);_engine (torch/autograd/graph.py:8) 6",
-    f"{M};score (/r/src/lmlab/core/scoring.py:4);forward (torch/nn/modules/linear.py:1) 4",
-    f"{M};sample (/r/src/lmlab/core/sft.py:30);decode (/r/src/lmlab/core/generation.py:70) 8",
-    f"{R};reproduce (/r/src/lmlab/runner.py:400);load_model (/r/src/lmlab/core/models.py:500) 20",
+    f"{M};score (/r/src/lmlab/core/inference/scoring.py:4);forward (torch/nn/modules/linear.py:1) 4",
+    f"{M};sample (/r/src/lmlab/core/training/sft.py:30);decode (/r/src/lmlab/core/inference/generation.py:70) 8",
+    f"{R};reproduce (/r/src/lmlab/runner.py:400);load_model (/r/src/lmlab/core/inference/models.py:500) 20",
     f"{M};helper (/r/src/lmlab/methods/alignment/mpo/method.py:3) 2",
     f"{M};_find_and_load (<frozen importlib._bootstrap>:1);<module> (/v/sklearn/__init__.py:1) 4",
 ]

@@ -120,11 +120,11 @@ def test_readme_paper_links_match_specs():
 
 
 def test_lazy_exports_load_on_first_use_and_reject_double_exports():
-    getattr_, names = registry.lazy_exports("lmlab.core", stats=("bootstrap_ci",), reporting=("fmt",))
-    assert names == ("bootstrap_ci", "fmt")
-    from lmlab.core import stats
+    getattr_, names = registry.lazy_exports("lmlab.core.stats", uncertainty=("bootstrap_ci",), timing=("Timer",))
+    assert names == ("bootstrap_ci", "Timer")
+    from lmlab.core.stats import uncertainty
 
-    assert getattr_("bootstrap_ci") is stats.bootstrap_ci
+    assert getattr_("bootstrap_ci") is uncertainty.bootstrap_ci
     with pytest.raises(AttributeError, match="no_such_name"):
         getattr_("no_such_name")
     with pytest.raises(ValueError, match="'x' exported by both"):

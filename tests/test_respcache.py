@@ -107,7 +107,7 @@ def test_mixed_queries_are_balanced_seeded_and_graded_by_their_suites():
 def test_truncated_model_keeps_the_first_blocks_and_leaves_the_model_alone(tiny_llama):
     import torch
 
-    from lmlab.core.models import flop_params
+    from lmlab.core.inference.models import flop_params
 
     full = flop_params(tiny_llama)
     t = zoo.truncated_model(tiny_llama, 1)
@@ -211,7 +211,7 @@ def test_self_consistency_costs_every_sample_and_pot_never_evals(tmp_path, monke
 
 
 def test_atp_variant_prunes_in_an_arithmetic_progression_and_keeps_the_best_validation_beta():
-    from lmlab.core.models import load_model
+    from lmlab.core.inference.models import load_model
 
     model, tok = load_model("tiny-llama")
     params = {"sparsity": 0.5, "n_calib": 2, "calib_seqlen": 16, "n_val": 2, "betas": [0.0, 0.4], "patience": 0}

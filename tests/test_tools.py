@@ -1,4 +1,5 @@
-"""lmlab.core.tools (the AST-whitelisted calculator, the call parser, the tool box) and lmlab.data.tools (the country
+"""lmlab.core.execution.tools (the AST-whitelisted calculator, the call parser, the tool box) and lmlab.data.tools (the
+country
 lookup, the default tool box)."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ import random
 
 import pytest
 
-from lmlab.core.tools import (
+from lmlab.core.execution.tools import (
     Calculator,
     ToolBox,
     ToolCall,

@@ -134,7 +134,7 @@ def _timing(stamps: list[float], start: float, n_prompt: int) -> dict[str, float
 def _lmlab_runner(
     model: Any, tok: Any, engine: str
 ) -> Callable[[list[int], int], tuple[list[int], list[float], float]]:
-    from lmlab.core.generation import decode
+    from lmlab.core.inference.generation import decode
 
     def run(prompt_ids: list[int], n: int) -> tuple[list[int], list[float], float]:
         stamps: list[float] = []
@@ -238,7 +238,7 @@ def _llamacpp_runner(gguf_path: str, threads: int, n_ctx: int) -> Callable | Non
 def int4_exactness(model: Any, tok: Any, *, n_passages: int = 4, max_tokens: int = 256, seed: int = 0) -> dict:
     """KL(fp32 || int4), top-1 agreement and perplexities of the int4 engine against the fp32 model, teacher-forced
     on held-out corpus passages (the corpus ``test`` split)."""
-    from lmlab.core.engine import get_engine
+    from lmlab.core.inference.engine import get_engine
     from lmlab.data.corpus import generate as corpus
 
     e32, e4 = get_engine(model, "fp32"), get_engine(model, "int4")
@@ -295,8 +295,8 @@ def bench_decode(
         warmup_tokens (`int`, defaults to 16): tokens each candidate generates before timing (at least 16), in
             calls of the timed shape (prompt_tokens -> new_tokens), so static caches and compiled graphs exist.
     """
-    from lmlab.core.engine import get_engine, gguf_source
-    from lmlab.core.models import flop_params, load_model
+    from lmlab.core.inference.engine import get_engine, gguf_source
+    from lmlab.core.inference.models import flop_params, load_model
     from lmlab.data.corpus import generate as corpus
 
     unknown = [c for c in candidates if c not in ALL_CANDIDATES]
@@ -358,7 +358,7 @@ def bench_decode(
             else:
                 runners["llama.cpp"] = runner
                 notes.append(f"llama.cpp build: {runner.system_info}")
-                from lmlab.core.engine.gguf_file import GGUFIndex
+                from lmlab.core.inference.engine.gguf_file import GGUFIndex
 
                 idx = GGUFIndex(gguf_path)
                 weight_bytes["llama.cpp"] = sum(t.nbytes for t in idx.tensors.values())

@@ -114,7 +114,7 @@ def _check_backend(ids: Sequence[str], backend: str | None, *, all_must_have: bo
         return
     import dataclasses
 
-    from lmlab.core.backends import parse_backend
+    from lmlab.core.execution.backends import parse_backend
     from lmlab.registry import get_method, list_methods
 
     try:
@@ -171,7 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _print_result(result: Any) -> None:
-    from lmlab.core.reporting import VERDICT, fmt, fmt_ci
+    from lmlab.core.report.reporting import VERDICT, fmt, fmt_ci
 
     info = result.run_info
     print(f"{result.method} (preset {info['preset']}, seed {info['seed']}, {info['total_time_s']:.1f} s)")
@@ -189,8 +189,8 @@ def _print_result(result: Any) -> None:
 
 
 def _print_seed_summary(results: list[Any]) -> None:
-    from lmlab.core.reporting import fmt
-    from lmlab.core.stats import mean_ci
+    from lmlab.core.report.reporting import fmt
+    from lmlab.core.stats.uncertainty import mean_ci
 
     print(f"across {len(results)} seeds:")
     keys = [(m.system, m.metric) for m in results[0].metrics]
@@ -239,7 +239,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             address=args.address,
             jobs=args.jobs,
         )
-    from lmlab.core.reporting import VERDICT
+    from lmlab.core.report.reporting import VERDICT
     from lmlab.grid import single_cell, summary_line
 
     grid = json.loads((folder / "grid.json").read_text())
@@ -270,7 +270,7 @@ def _parse_models(text: str) -> list[str]:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from lmlab.core.models import ALIASES, alias_status
+    from lmlab.core.inference.models import ALIASES, alias_status
 
     rows = []
     for alias in ALIASES:
@@ -364,7 +364,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from lmlab.core.envinfo import format_env
+    from lmlab.core.report.envinfo import format_env
 
     print(format_env())
     return EXIT_OK

@@ -9,15 +9,18 @@ output, then bucket every sample by
   scoring counts as scoring and a decode inside an RL loop as generation:
 
   ======================  =====================================================================================
-  ``load``                `lmlab.core.models` (load, GGUF dequantisation, the verified cache), transformers'
+  ``load``                `lmlab.core.inference.models` (load, GGUF dequantisation, the verified cache), transformers'
                           ``from_pretrained``, safetensors
-  ``generation``          `lmlab.core.generation`, the fast engine (`lmlab.core.engine`), transformers' generate
-  ``training``            autograd's backward, torch optimisers, `lmlab.core.training` / `sft` / `preference` /
+  ``generation``          `lmlab.core.inference.generation`, the fast engine (`lmlab.core.inference.engine`),
+  transformers' generate
+  ``training``            autograd's backward, torch optimisers, `lmlab.core.training.pretrain` / `sft` / `preference`
+  /
                           `lora` / `federated`, peft, flwr
   ``pruning``             `lmlab.core.pruning` (calibration passes and the solvers)
-  ``scoring``             `lmlab.core.scoring`, `lmlab.core.partial`, `lmlab.core.embed`, `lmlab.core.hooks`
-  ``sandbox``             `lmlab.core.sandbox` (waiting on children is idle time and not sampled)
-  ``report``              plotting, reporting, matplotlib, `lmlab.core.stats`
+  ``scoring``             `lmlab.core.inference.scoring`, `lmlab.core.training.partial`, `lmlab.core.inference.embed`,
+  `lmlab.core.inference.hooks`
+  ``sandbox``             `lmlab.core.execution.sandbox` (waiting on children is idle time and not sampled)
+  ``report``              plotting, reporting, matplotlib, `lmlab.core.stats.uncertainty`
   ``import``              module import (frames of importlib's bootstrap)
   ``other``               everything else: the method's own code and numpy / torch calls made directly from it
   ======================  =====================================================================================
@@ -54,17 +57,17 @@ RUNNER = "(runner)"
 _PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (phase, re.compile(pattern))
     for phase, pattern in (
-        ("load", r"lmlab/core/models\.py|from_pretrained|safetensors/|lmlab/core/engine/gguf_file\.py"),
-        ("generation", r"lmlab/core/generation\.py|lmlab/core/engine/|generation/utils\.py"),
+        ("load", r"lmlab/core/inference/(models\.py|engine/gguf_file\.py)|from_pretrained|safetensors/"),
+        ("generation", r"lmlab/core/inference/(generation\.py|engine/)|generation/utils\.py"),
         (
             "training",
-            r"torch/autograd/|^backward \(.*torch/_tensor\.py|torch/optim/|lmlab/core/(training|sft|preference|lora|"
-            r"federated)\.py|/peft/|/flwr/",
+            r"torch/autograd/|^backward \(.*torch/_tensor\.py|torch/optim/|lmlab/core/training/(pretrain|sft|"
+            r"preference|lora)\.py|lmlab/core/federated/|/peft/|/flwr/",
         ),
         ("pruning", r"lmlab/core/pruning/"),
-        ("scoring", r"lmlab/core/(scoring|partial|embed|hooks)\.py"),
-        ("sandbox", r"lmlab/core/sandbox\.py"),
-        ("report", r"lmlab/core/(plotting|reporting|stats)\.py|/matplotlib/|lmlab/results\.py"),
+        ("scoring", r"lmlab/core/(inference/(scoring|embed|hooks)|training/partial)\.py"),
+        ("sandbox", r"lmlab/core/execution/sandbox\.py"),
+        ("report", r"lmlab/core/(report/(plotting|reporting)|stats/uncertainty)\.py|/matplotlib/|lmlab/results\.py"),
         ("import", r"<frozen importlib\._bootstrap|importlib/_bootstrap"),
     )
 )

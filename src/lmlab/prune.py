@@ -53,7 +53,7 @@ def add_parser(sub: Any) -> None:
 
 def check_args(args: argparse.Namespace) -> tuple[int, int] | None:
     """Validate every argument without loading anything; returns the parsed N:M structure (None = unstructured)."""
-    from lmlab.core.models import resolve_model
+    from lmlab.core.inference.models import resolve_model
     from lmlab.core.pruning.masks import parse_mask_structure
 
     if args.method not in METHODS:
@@ -116,7 +116,7 @@ def prune(args: argparse.Namespace, nm: tuple[int, int] | None) -> dict[str, Any
 
     import torch
 
-    from lmlab.core.models import load_model
+    from lmlab.core.inference.models import load_model
     from lmlab.core.pruning import (
         calibration_windows,
         decoder_blocks,
@@ -127,7 +127,7 @@ def prune(args: argparse.Namespace, nm: tuple[int, int] | None) -> dict[str, Any
         token_stream,
         window_nll,
     )
-    from lmlab.core.seeding import set_seed, set_threads
+    from lmlab.core.stats.seeding import set_seed, set_threads
     from lmlab.runner import progress_enabled
 
     set_seed(args.seed)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lmlab.core.reporting import _CSS, VERDICT, fmt, fmt_ci
+from lmlab.core.report.reporting import _CSS, VERDICT, fmt, fmt_ci
 from lmlab.errors import LmlabError, UsageError
 from lmlab.results import atomic_write_text, load_result
 
@@ -51,7 +51,8 @@ def _verdict_key(status: str) -> str:
 
 
 def verdict_label(status: str) -> str:
-    """The words a reader sees for a status or verdict, from `lmlab.core.reporting.VERDICT` where it has them."""
+    """The words a reader sees for a status or verdict, from `lmlab.core.report.reporting.VERDICT` where it has
+    them."""
     return VERDICT.get(status) or str(status).replace("_", " ")
 
 
@@ -216,7 +217,7 @@ def forest_png(panels: Sequence[tuple[str, str, list[dict[str, Any]]]]) -> bytes
         panels: ``(title, method verdict, rows)``; a row is ``{"label", "status", "effect", "lo", "hi",
             "threshold"}``: a point and its 95% CI, with the claim's threshold drawn as a dashed tick on its row.
     """
-    from lmlab.core.plotting import _png, plt
+    from lmlab.core.report.plotting import _png, plt
 
     heights = [max(1, len(rows)) for _, _, rows in panels]
     fig, axes = plt.subplots(

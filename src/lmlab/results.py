@@ -55,7 +55,7 @@ class MetricRow:
 class Claim:
     """ "`method` beats `baseline` on `metric`" in `direction` (``">"`` higher, ``"<"`` lower) by > `min_effect`.
 
-    Evaluated with `lmlab.core.stats.compare` on the per-example values both systems recorded for `metric`
+    Evaluated with `lmlab.core.stats.uncertainty.compare` on the per-example values both systems recorded for `metric`
     (paired by example when `paired`; by cluster when the values were recorded with ``clusters=``). `gate=False`
     marks a check that is reported but does not decide the verdict. `mechanism=True` marks a check that holds by
     construction (a count the algorithm fixes, a guarantee of the method): it shows that the mechanism works, is
@@ -124,12 +124,13 @@ def evaluate_claim(
 ) -> ClaimResult:
     """Check `claim` on the per-example values `a` (method) and `b` (baseline).
 
-    `clusters` (and, unpaired, `clusters_b`) name the independent unit of each value (see `lmlab.core.stats`).
+    `clusters` (and, unpaired, `clusters_b`) name the independent unit of each value (see
+    `lmlab.core.stats.uncertainty`).
     The result also carries `null_status`: the status of the same check with the method's values replaced by the
     baseline's (decided with ``min_n=1``, so small samples do not hide it). A gated check whose `null_status` is
     "supported" holds by construction and cannot fail: the registry battery rejects it.
     """
-    from lmlab.core.stats import compare
+    from lmlab.core.stats.uncertainty import compare
 
     a_vals, b_vals = list(map(float, a)), list(map(float, b))
     kw: dict[str, Any] = dict(direction=claim.direction, min_effect=claim.min_effect, paired=claim.paired, seed=seed)
@@ -263,7 +264,7 @@ class RunResult:
     def write(self, folder: str | Path, *, plots: bool = True) -> Path:
         """Write all files into `folder` atomically (never overwriting an existing folder); returns it."""
         from lmlab.config import to_yaml_dict
-        from lmlab.core.reporting import render_run_html, render_run_markdown
+        from lmlab.core.report.reporting import render_run_html, render_run_markdown
 
         folder = Path(folder)
         if folder.exists():

@@ -55,8 +55,8 @@ class RunContext:
     """
 
     def __init__(self, spec: MethodSpec, cfg: Any, *, preset: str = "default", show_progress: bool | None = None):
-        from lmlab.core.compute import ComputeMeter
-        from lmlab.core.timing import BudgetGuard
+        from lmlab.core.inference.compute import ComputeMeter
+        from lmlab.core.stats.timing import BudgetGuard
 
         self.spec = spec
         self.cfg = cfg
@@ -80,7 +80,7 @@ class RunContext:
 
     def load_model(self, spec: str | None = None, **kwargs: Any) -> tuple[Any, Any]:
         """``(model, tokenizer)`` for `spec` (default ``cfg.model``) with the config's dtype and device."""
-        from lmlab.core.models import load_model, model_info
+        from lmlab.core.inference.models import load_model, model_info
 
         name = spec or self.cfg.model
         model, tokenizer = load_model(name, dtype=self.cfg.dtype, device=self.cfg.device, **kwargs)
@@ -124,8 +124,8 @@ class RunContext:
         windows of one seed). The CI is then a cluster bootstrap and the row's ``n`` counts clusters; claims on this
         metric resample the same clusters. Values of one system and metric are recorded once.
         """
-        from lmlab.core.seeding import derive_seed
-        from lmlab.core.stats import cluster_codes, mean_ci
+        from lmlab.core.stats.seeding import derive_seed
+        from lmlab.core.stats.uncertainty import cluster_codes, mean_ci
 
         vals = [float(v) for v in values]
         if not vals:
@@ -199,7 +199,7 @@ class RunContext:
 
     def finish(self, claims: Sequence[Claim], *, text: str | None = None) -> RunResult:
         """Evaluate `claims` on the recorded values and assemble the `RunResult`."""
-        from lmlab.core.seeding import derive_seed
+        from lmlab.core.stats.seeding import derive_seed
 
         results = []
         for claim in claims:
@@ -276,19 +276,19 @@ def run_method(
         write (`bool`): write files; plots (`bool`): include PNGs.
         raise_errors (`bool`): re-raise an exception from the experiment instead of recording it.
         engine (`str`, *optional*): decode engine for this run (``fast``, ``fast-int4``, ``hf``; see
-            `lmlab.core.generation`); None keeps the process default (``fast`` where the model supports it).
+            `lmlab.core.inference.generation`); None keeps the process default (``fast`` where the model supports it).
     """
     from lmlab import __version__
-    from lmlab.core import engine as engines
-    from lmlab.core.envinfo import env_info
-    from lmlab.core.seeding import set_seed, set_threads
+    from lmlab.core.inference import engine as engines
+    from lmlab.core.report.envinfo import env_info
+    from lmlab.core.stats.seeding import set_seed, set_threads
 
     spec = get_method(method_id)
     missing = spec.missing_requirements()
     if missing:
         raise ImportError(f"method {spec.id} needs {', '.join(missing)}: pip install {' '.join(missing)}")
     cfg = resolve_config(spec, preset=preset, config_file=config_file, sets=sets, overrides=overrides)
-    from lmlab.core.models import resolve_model
+    from lmlab.core.inference.models import resolve_model
 
     resolve_model(cfg.model)  # a bad --model is a usage error, reported before anything runs
     if write:  # an output root that can never be written is refused now, not after minutes of running
@@ -384,7 +384,7 @@ REPORT_EVERY_S = 20.0  # the combined reports are rewritten after a cell at most
 def _check_grid_args(
     seeds: Sequence[int] | None, models: Sequence[str] | None, executor: str, jobs: int, overrides: Mapping[str, Any]
 ) -> None:
-    from lmlab.core.models import resolve_model
+    from lmlab.core.inference.models import resolve_model
     from lmlab.grid import DEFAULT_MODEL
 
     if executor not in EXECUTORS:
@@ -583,7 +583,7 @@ def write_reproduce_report(folder: Path, method_ids: Sequence[str] | None = None
     Returns the summary rows, one per cell that ran (a single-cell grid: one per method, as before; a grid adds
     ``model`` and ``seed`` columns).
     """
-    from lmlab.core.reporting import run_blocks, summary_blocks, summary_row, to_markdown
+    from lmlab.core.report.reporting import run_blocks, summary_blocks, summary_row, to_markdown
     from lmlab.grid import RUN_STATUSES, grid_from_folder, single_cell, summary_line, write_grid
 
     folder = Path(folder)

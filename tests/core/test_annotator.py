@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from lmlab.core.annotator import (
+from lmlab.core.training.annotator import (
     BudgetExceeded,
     FlipJudge,
     GroundTruthAnnotator,

@@ -1,4 +1,5 @@
-"""`lmlab.core.backends`: the local backend equals the core primitives it wraps, the frequency penalty is OpenAI's,
+"""`lmlab.core.execution.backends`: the local backend equals the core primitives it wraps, the frequency penalty is
+OpenAI's,
 backend specs parse or fail with one line, and the OpenAI backend's own logic (offsets, errors) holds offline.
 
 The OpenAI backend against a real server (`lmlab serve` on loopback) is tests/serve/test_backend_e2e.py.
@@ -11,7 +12,7 @@ import socket
 import pytest
 import torch
 
-from lmlab.core.backends import (
+from lmlab.core.execution.backends import (
     BACKEND_FORMS,
     BackendError,
     BackendHTTPError,
@@ -25,8 +26,8 @@ from lmlab.core.backends import (
     parse_backend,
     render_chat,
 )
-from lmlab.core.generation import decode
-from lmlab.core.scoring import continuation_logprobs, encode_prompt, loglikelihood, split_pair
+from lmlab.core.inference.generation import decode
+from lmlab.core.inference.scoring import continuation_logprobs, encode_prompt, loglikelihood, split_pair
 
 ATOL = 1e-5
 
@@ -83,7 +84,7 @@ def test_local_chat_decodes_the_chat_template(local, tiny_llama, tiny_tokenizer)
 
 
 def test_render_chat_without_a_template_is_the_plain_question_answer_form():
-    from lmlab.core.tiny import make_byte_tokenizer
+    from lmlab.core.inference.tiny import make_byte_tokenizer
 
     tok = make_byte_tokenizer(chat_template=False)
     msgs = [

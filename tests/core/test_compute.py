@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmlab.core.compute import ComputeMeter, ModelCost, measure
-from lmlab.core.generation import decode, hf_generate
-from lmlab.core.models import flop_params
-from lmlab.core.scoring import continuation_logprobs
+from lmlab.core.inference.compute import ComputeMeter, ModelCost, measure
+from lmlab.core.inference.generation import decode, hf_generate
+from lmlab.core.inference.models import flop_params
+from lmlab.core.inference.scoring import continuation_logprobs
 
 FLOP_PARAMS = 90688  # tiny llama, see tests/core/test_models.py::test_flop_params_hand_count
 
@@ -123,7 +123,7 @@ def test_cost_arithmetic():
 
 
 def test_decode_forward_calls_match_the_meter(tiny_llama, tiny_tokenizer):
-    from lmlab.core.generation import Rewind
+    from lmlab.core.inference.generation import Rewind
 
     fired = []
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmlab.core.compute import ComputeMeter
-from lmlab.core.engine import (
+from lmlab.core.inference.compute import ComputeMeter
+from lmlab.core.inference.engine import (
     EngineUnsupported,
     FastEngine,
     Int4Codes,
@@ -22,7 +22,7 @@ from lmlab.core.engine import (
     set_default_engine,
     unsupported_reason,
 )
-from lmlab.core.generation import (
+from lmlab.core.inference.generation import (
     DecodeState,
     Rewind,
     decode,
@@ -31,7 +31,7 @@ from lmlab.core.generation import (
     hf_generate,
     resolve_engine,
 )
-from lmlab.core.tiny import make_tiny_model
+from lmlab.core.inference.tiny import make_tiny_model
 
 PROMPTS = ["Hello world", "The quick brown fox", "x", "A prompt longer than the sliding window"]
 
@@ -81,7 +81,7 @@ def _engine_chunks(e, ids, chunks, capacity=7):
 def _hf_chunks(model, ids, chunks):
     from transformers import DynamicCache
 
-    from lmlab.core.generation import cache_kwargs
+    from lmlab.core.inference.generation import cache_kwargs
 
     cache = DynamicCache(config=model.config)
     got, at = [], 0
@@ -260,7 +260,7 @@ def test_to_hf_after_the_sliding_window_wrapped_continues_like_the_engine(sdpa_m
         e.forward(torch.tensor([[t]]), cache)
     hf_cache, held = cache.to_hf(model, length)
     assert held == length and hf_cache.get_seq_length() == length
-    from lmlab.core.generation import cache_kwargs
+    from lmlab.core.inference.generation import cache_kwargs
 
     rest = ids[length:]
     with torch.no_grad():

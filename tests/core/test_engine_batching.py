@@ -1,13 +1,13 @@
-"""`lmlab.core.engine.batching.regroup`: rows of separately prefilled caches decode together as if alone."""
+"""`lmlab.core.inference.engine.batching.regroup`: rows of separately prefilled caches decode together as if alone."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lmlab.core.engine import get_engine
-from lmlab.core.engine.batching import regroup, row_tokens
-from lmlab.core.tiny import make_tiny_model
+from lmlab.core.inference.engine import get_engine
+from lmlab.core.inference.engine.batching import regroup, row_tokens
+from lmlab.core.inference.tiny import make_tiny_model
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmlab.core.generation import (
+from lmlab.core.inference.generation import (
     DecodeState,
     Replace,
     Rewind,

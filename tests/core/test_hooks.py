@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from lmlab.core.hooks import (
+from lmlab.core.inference.hooks import (
     ActivationCache,
     HookNameError,
     ablate_heads,
@@ -218,7 +218,7 @@ def test_pattern_edits_propagate(model):
 
 
 def test_pattern_requires_eager():
-    from lmlab.core.tiny import make_tiny_model
+    from lmlab.core.inference.tiny import make_tiny_model
 
     sdpa = make_tiny_model(0, attn_implementation="sdpa")
     assert "blocks.0.attn.hook_pattern" not in hook_names(sdpa)
@@ -293,7 +293,7 @@ def test_ablate_all_heads_zero_gives_zero_attn_out(model):
 
 
 def test_hooks_removed_on_exit_and_on_exception():
-    from lmlab.core.tiny import make_tiny_model
+    from lmlab.core.inference.tiny import make_tiny_model
 
     for arch in ARCHS:
         fresh = make_tiny_model(1, arch=arch)

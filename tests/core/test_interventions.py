@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmlab.core.hooks import run_with_cache, run_with_hooks
-from lmlab.core.interventions import LoReFTIntervention, SteeringVector, attach_intervention, intervention_hook
+from lmlab.core.inference.hooks import run_with_cache, run_with_hooks
+from lmlab.core.inference.interventions import (
+    LoReFTIntervention,
+    SteeringVector,
+    attach_intervention,
+    intervention_hook,
+)
 
 IDS = torch.tensor([[1, 72, 101, 108, 108, 111, 44, 32, 119, 111]])  # (1, 10)
 

@@ -9,8 +9,8 @@ import struct
 import pytest
 import torch
 
-import lmlab.core.models as models
-from lmlab.core.models import (
+import lmlab.core.inference.models as models
+from lmlab.core.inference.models import (
     MANIFEST,
     ModelNotFoundError,
     clear_loaded,
@@ -21,7 +21,7 @@ from lmlab.core.models import (
     resolve_model,
     save_hf_folder,
 )
-from lmlab.core.tiny import make_byte_tokenizer, make_tiny_llama
+from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_llama
 
 IDS = torch.tensor([[1, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100]])
 SHA = "ab" * 32  # a made-up source sha256 for the cache tests
@@ -400,7 +400,7 @@ def test_damaged_cache_is_rebuilt(cache_dir, tiny_llama, caplog, damage, reason)
         damaged, _ = load_model(str(folder), fresh=True, attn_implementation="eager")
         assert not torch.equal(_logits(damaged), _logits(tiny_llama))
     clear_loaded()
-    with caplog.at_level(logging.WARNING, logger="lmlab.core.models"):
+    with caplog.at_level(logging.WARNING, logger="lmlab.core.inference.models"):
         again = ensure_cached("tiny", SHA, build)
     assert again == folder
     assert build.calls == 2

@@ -1,4 +1,5 @@
-"""Invariants of the cached-pair kit (`lmlab.core.pairs`) on the tiny llama: cached scores equal the full model's,
+"""Invariants of the cached-pair kit (`lmlab.core.training.pairs`) on the tiny llama: cached scores equal the full
+model's,
 row slices of a cache score like the full batch, and `policy_model` decodes a TopK's blocks without touching the
 model."""
 
@@ -8,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from lmlab.core import pairs as P
-from lmlab.core.partial import FrozenTrunk
-from lmlab.core.preference import seq_logprobs
-from lmlab.core.tiny import make_byte_tokenizer, make_tiny_llama
+from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_llama
+from lmlab.core.training import pairs as P
+from lmlab.core.training.partial import FrozenTrunk
+from lmlab.core.training.preference import seq_logprobs
 
 PROMPTS = ["What is the capital of Norway?", "Name a colour.", "2 + 2 ="]
 CHOSEN = ["The capital of Norway is Oslo.", "Blue.", " 4"]

@@ -7,8 +7,14 @@ import copy
 import pytest
 import torch
 
-from lmlab.core.partial import FrozenTrunk, logits_from_cache, merge_back, token_logps_from_cache, trainable_names
-from lmlab.core.tiny import make_tiny_model
+from lmlab.core.inference.tiny import make_tiny_model
+from lmlab.core.training.partial import (
+    FrozenTrunk,
+    logits_from_cache,
+    merge_back,
+    token_logps_from_cache,
+    trainable_names,
+)
 
 
 def _left_padded_batch(seed: int = 0, t: int = 24) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -153,7 +159,7 @@ def test_bad_inputs_are_refused_with_one_line_errors():
 def test_real_model_cache_plus_top4_equals_full_model(request, fixture):
     """SmolLM2-135M (30 blocks, tied head) and Gemma-3-270M (sliding and full attention layers): the trunk
     split at k = 4 reproduces the full model's response log-probs on a left-padded chat batch."""
-    from lmlab.core.preference import build_response_batch, logps_from_token_logps
+    from lmlab.core.training.preference import build_response_batch, logps_from_token_logps
 
     model, tok = request.getfixturevalue(fixture)
     chat = bool(getattr(tok, "chat_template", None))

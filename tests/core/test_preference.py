@@ -19,7 +19,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmlab.core.preference import (
+from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_llama, tiny_config
+from lmlab.core.training.preference import (
     bradley_terry_loss,
     build_pair_batch,
     build_response_batch,
@@ -34,7 +35,6 @@ from lmlab.core.preference import (
     step_token_ends,
     weighted_sft_loss,
 )
-from lmlab.core.tiny import make_byte_tokenizer, make_tiny_llama, tiny_config
 
 
 class _Acc:

@@ -10,7 +10,7 @@ import pytest
 
 import lmlab.core
 from lmlab import data
-from lmlab.core.prm import PRM, CountingPRM, threshold_accuracy
+from lmlab.core.training.prm import PRM, CountingPRM, threshold_accuracy
 from lmlab.methods.decoding.capitals import (
     NoisyOraclePRM,
     OracleFactPRM,
@@ -103,7 +103,7 @@ def test_core_imports_no_task_data_and_names_no_task():
     sources = _core_sources()
     importing = {name for name, text in sources.items() if _DATA_IMPORT.search(text)}
     assert importing <= KNOWN_DATA_IMPORTS, sorted(importing - KNOWN_DATA_IMPORTS)
-    for name in ("prm.py", "steps.py"):
+    for name in ("training/prm.py", "inference/steps.py"):
         code = "\n".join(line for line in sources[name].splitlines() if not line.lstrip().startswith("#"))
         assert not _DATA_IMPORT.search(code), name
         hits = [m.group(0) for m in _TASK_WORDS.finditer(code)]
@@ -131,7 +131,7 @@ def test_core_names_no_method():
 
 
 def test_saved_prm_schemes_are_registered_by_methods():
-    from lmlab.core.prm import is_prm_spec, load_prm, register_prm_loader
+    from lmlab.core.training.prm import is_prm_spec, load_prm, register_prm_loader
 
     assert is_prm_spec("implicit:/some/dir")  # registered by the implicit_prm package
     assert not is_prm_spec("noisy") and not is_prm_spec("nosuch:/dir") and not is_prm_spec("implicit:")

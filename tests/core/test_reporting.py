@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from lmlab.core.plotting import bar_with_ci
-from lmlab.core.reporting import Heading, Image, Para, Table, fmt, fmt_ci, to_html, to_markdown
+from lmlab.core.report.plotting import bar_with_ci
+from lmlab.core.report.reporting import Heading, Image, Para, Table, fmt, fmt_ci, to_html, to_markdown
 from lmlab.results import ClaimResult, MetricRow, RunResult
 
 

@@ -1,4 +1,4 @@
-"""lmlab.core.rewards: HumanEval execution through the sandbox, arithmetic and format verifiers."""
+"""lmlab.core.training.rewards: HumanEval execution through the sandbox, arithmetic and format verifiers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from fractions import Fraction
 
 import pytest
 
-from lmlab.core.rewards import (
+from lmlab.core.execution.sandbox import SandboxLimits, sandbox_available
+from lmlab.core.training.rewards import (
     arithmetic_reward,
     extract_last_number,
     format_reward,
@@ -16,7 +17,6 @@ from lmlab.core.rewards import (
     humaneval_reward,
     humaneval_rewards,
 )
-from lmlab.core.sandbox import SandboxLimits, sandbox_available
 
 AVAILABLE, WHY = sandbox_available("unshare")
 needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=f"no sandbox on this machine: {WHY}")

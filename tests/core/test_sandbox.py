@@ -1,4 +1,4 @@
-"""lmlab.core.sandbox: every isolation layer is exercised on real subprocesses (as root in CI)."""
+"""lmlab.core.execution.sandbox: every isolation layer is exercised on real subprocesses (as root in CI)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lmlab.core import sandbox
-from lmlab.core.sandbox import CallSpec, SandboxLimits, run_code, run_many, sandbox_available
+from lmlab.core.execution import sandbox
+from lmlab.core.execution.sandbox import CallSpec, SandboxLimits, run_code, run_many, sandbox_available
 
 AVAILABLE, WHY = sandbox_available("unshare")
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0

@@ -1,4 +1,5 @@
-"""Hostile candidates against `lmlab.core.sandbox` (issue 19): each attack is a real program run through `run_code`.
+"""Hostile candidates against `lmlab.core.execution.sandbox` (issue 19): each attack is a real program run through
+`run_code`.
 
 Every attack asserts containment: a classified outcome, the parent unharmed (alive, environment unchanged), nothing
 left running (no new uid-65534 process, no process in the candidate's process group or below the launched pid),
@@ -21,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from lmlab.core import sandbox
-from lmlab.core.sandbox import SANDBOX_UID, SandboxLimits, run_code, sandbox_available
+from lmlab.core.execution import sandbox
+from lmlab.core.execution.sandbox import SANDBOX_UID, SandboxLimits, run_code, sandbox_available
 
 AVAILABLE, WHY = sandbox_available("unshare")
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -297,7 +298,7 @@ def test_killing_lmlab_itself_ends_the_sandbox():
 
     driver = _code(
         """
-        from lmlab.core.sandbox import SandboxLimits, run_code
+        from lmlab.core.execution.sandbox import SandboxLimits, run_code
         run_code("import os, time\\nos.setsid()\\ntime.sleep(600)\\n", limits=SandboxLimits(timeout_s=60))
         """
     )
@@ -340,7 +341,7 @@ def secrets_planted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator
     lies in a world-traversable (0755) dir under /var/cache, outside every private mount, so that there only the
     file mode protects it: the layer that guards a real ``~/.cache/lmlab`` whose parents are open.
     """
-    from lmlab.core.models import cache_root
+    from lmlab.core.inference.models import cache_root
 
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)

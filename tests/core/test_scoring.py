@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmlab.core.scoring import (
+from lmlab.core.inference.scoring import (
     chat_prompt,
     choice_accuracy,
     choice_logprobs,
@@ -24,7 +24,7 @@ from lmlab.core.scoring import (
     split_pair,
     token_logprobs,
 )
-from lmlab.core.tiny import make_byte_tokenizer
+from lmlab.core.inference.tiny import make_byte_tokenizer
 
 BOS = 1
 
@@ -36,7 +36,7 @@ def model(request, tiny_llama, tiny_gemma):
 
 def _ids(text: str) -> list[int]:
     """Byte-tokenizer ids of `text` (one id per byte, offset by the 4 specials)."""
-    from lmlab.core.tiny import make_byte_tokenizer
+    from lmlab.core.inference.tiny import make_byte_tokenizer
 
     return list(make_byte_tokenizer()(text, add_special_tokens=False)["input_ids"])
 

@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from lmlab.core.envinfo import MODEL_PACKAGES, env_info, format_env
-from lmlab.core.seeding import THREAD_ENV_VARS, derive_seed, seeded_rng, set_seed, set_threads
+from lmlab.core.report.envinfo import MODEL_PACKAGES, env_info, format_env
+from lmlab.core.stats.seeding import THREAD_ENV_VARS, derive_seed, seeded_rng, set_seed, set_threads
 
 
 def _draw() -> tuple[float, float, list[float]]:
@@ -69,7 +69,7 @@ def test_derive_seed_properties():
 
 
 def test_derive_seed_is_stable_across_processes():
-    code = "from lmlab.core.seeding import derive_seed; print(derive_seed(7, 'eval', 'gsm8k'))"
+    code = "from lmlab.core.stats.seeding import derive_seed; print(derive_seed(7, 'eval', 'gsm8k'))"
     values = set()
     for hashseed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hashseed}

@@ -1,4 +1,5 @@
-"""lmlab.core.sft: trunk-cached scores equal the full model, SFT of the top blocks lowers the loss and leaves the model
+"""lmlab.core.training.sft: trunk-cached scores equal the full model, SFT of the top blocks lowers the loss and leaves
+the model
 untouched, the encoding boundary, and one-line errors (tiny models only)."""
 
 from __future__ import annotations
@@ -7,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from lmlab.core.partial import FrozenTrunk
-from lmlab.core.sft import SeqCache, encode_sequences, sequence_scores, sft_top_k
+from lmlab.core.training.partial import FrozenTrunk
+from lmlab.core.training.sft import SeqCache, encode_sequences, sequence_scores, sft_top_k
 
 PROMPTS = ["What is 12 plus 30?\n", "Reverse the word cat.\n", "What is 11 plus 31?\n", "Capital of Peru?\n", "Hi\n"]
 RESPONSES = ["SUM=(42)", "REV|tac|", "SUM=(42)", "ANSWER[Lima]", "ab"]
 
 
 def test_encode_sequences_splits_at_the_prompt_boundary(tiny_tokenizer):
-    from lmlab.core.scoring import encode
+    from lmlab.core.inference.scoring import encode
 
     seqs = encode_sequences(tiny_tokenizer, PROMPTS, RESPONSES)
     for (ids, n_prompt), p, r in zip(seqs, PROMPTS, RESPONSES):
@@ -26,7 +27,7 @@ def test_encode_sequences_splits_at_the_prompt_boundary(tiny_tokenizer):
 
 
 def test_cached_scores_equal_the_full_model(tiny_llama, tiny_tokenizer):
-    from lmlab.core.preference import seq_logprobs
+    from lmlab.core.training.preference import seq_logprobs
 
     trunk = FrozenTrunk(tiny_llama, 1)
     cache = SeqCache(trunk, encode_sequences(tiny_tokenizer, PROMPTS, RESPONSES))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from lmlab.core.stats import (
+from lmlab.core.stats.uncertainty import (
     Comparison,
     Estimate,
     bootstrap_ci,
@@ -363,7 +363,7 @@ def _correlated(n_clusters=8, per_cluster=16, seed=0):
 
 
 def test_clustered_ci_is_wider_than_naive_on_correlated_values():
-    from lmlab.core.stats import bootstrap_ci
+    from lmlab.core.stats.uncertainty import bootstrap_ci
 
     values, clusters = _correlated()
     _, lo_naive, hi_naive = bootstrap_ci(values, seed=1)
@@ -372,7 +372,7 @@ def test_clustered_ci_is_wider_than_naive_on_correlated_values():
 
 
 def test_clustered_ci_equals_naive_with_one_value_per_cluster():
-    from lmlab.core.stats import bootstrap_ci, compare, mean_ci
+    from lmlab.core.stats.uncertainty import bootstrap_ci, compare, mean_ci
 
     values = np.random.default_rng(3).normal(size=20)
     ids = [f"prompt{i}" for i in range(20)]
@@ -383,7 +383,7 @@ def test_clustered_ci_equals_naive_with_one_value_per_cluster():
 
 
 def test_clustered_n_counts_clusters_and_decides_on_them():
-    from lmlab.core.stats import compare, mean_ci
+    from lmlab.core.stats.uncertainty import compare, mean_ci
 
     values, clusters = _correlated(n_clusters=4, per_cluster=32)
     assert mean_ci(values, clusters=clusters).n == 4
@@ -397,7 +397,7 @@ def test_clustered_n_counts_clusters_and_decides_on_them():
 
 
 def test_clustered_permutation_flips_whole_clusters():
-    from lmlab.core.stats import permutation_test_paired
+    from lmlab.core.stats.uncertainty import permutation_test_paired
 
     d, clusters = _correlated(n_clusters=5, per_cluster=10, seed=7)
     d = np.abs(d) + 0.1  # every difference positive
@@ -407,7 +407,7 @@ def test_clustered_permutation_flips_whole_clusters():
 
 
 def test_clustered_unpaired_compare_counts_clusters():
-    from lmlab.core.stats import compare
+    from lmlab.core.stats.uncertainty import compare
 
     a, ca = _correlated(n_clusters=6, per_cluster=8, seed=1)
     b, cb = _correlated(n_clusters=7, per_cluster=8, seed=2)
@@ -419,7 +419,7 @@ def test_clustered_unpaired_compare_counts_clusters():
 
 
 def test_clusters_must_match_values():
-    from lmlab.core.stats import bootstrap_ci, mean_ci
+    from lmlab.core.stats.uncertainty import bootstrap_ci, mean_ci
 
     with pytest.raises(ValueError, match="one cluster id per value"):
         bootstrap_ci([1.0, 2.0, 3.0], clusters=[0, 1])
@@ -430,7 +430,7 @@ def test_clusters_must_match_values():
 
 
 def test_non_inferiority_between_two_identical_constants_is_inconclusive():
-    from lmlab.core.stats import compare
+    from lmlab.core.stats.uncertainty import compare
 
     zeros = np.zeros(40)
     cmp = compare(zeros, zeros, direction=">", min_effect=-0.02)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from lmlab import data
-from lmlab.core.compute import ComputeMeter
-from lmlab.core.generation import decode
-from lmlab.core.scoring import encode_prompt
-from lmlab.core.steps import Shot, StepModel
+from lmlab.core.inference.compute import ComputeMeter
+from lmlab.core.inference.generation import decode
+from lmlab.core.inference.scoring import encode_prompt
+from lmlab.core.inference.steps import Shot, StepModel
 from lmlab.data.capital_steps import step_prefixes
 from lmlab.data.countries import STOP_MARKERS
 from lmlab.methods.decoding.capitals import capital_shots

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from lmlab.core.timing import BudgetExceeded, BudgetGuard, Timer, compare_timings
+from lmlab.core.stats.timing import BudgetExceeded, BudgetGuard, Timer, compare_timings
 
 
 class FakeClock:

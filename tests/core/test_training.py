@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from lmlab.core.tiny import make_word_tokenizer, tiny_config
-from lmlab.core.training import (
+from lmlab.core.inference.tiny import make_word_tokenizer, tiny_config
+from lmlab.core.training.pretrain import (
     WindowSampler,
     cosine_lr,
     count_parameters,

@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 def test_map_selection_and_dpo_on_smollm2(smollm2):
     import torch
 
-    from lmlab.core.partial import FrozenTrunk
-    from lmlab.core.preference import seq_logprobs
+    from lmlab.core.training.partial import FrozenTrunk
+    from lmlab.core.training.preference import seq_logprobs
     from lmlab.methods.alignment.alignment_potential import method as M
 
     model, tok = smollm2

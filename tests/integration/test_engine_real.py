@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmlab.core.engine import get_engine
-from lmlab.core.generation import decode, decode_batch, decode_many, hf_generate
+from lmlab.core.inference.engine import get_engine
+from lmlab.core.inference.generation import decode, decode_batch, decode_many, hf_generate
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
@@ -29,7 +29,7 @@ def _hf_chunks(model, ids, chunks):
     """Transformers' logits for `ids` fed in `chunks` through its DynamicCache, [len(ids), vocab]."""
     from transformers import DynamicCache
 
-    from lmlab.core.generation import cache_kwargs
+    from lmlab.core.inference.generation import cache_kwargs
 
     cache = DynamicCache(config=model.config)
     out, at = [], 0

@@ -2,7 +2,8 @@
 
 Starts ``flower-superlink`` and two ``flower-supernode`` processes on 127.0.0.1 (insecure, telemetry and update checks
 off, no runtime dependency installation, a temporary ``FLWR_HOME``), submits lmlab's app bundle
-(`lmlab.core.federated.FLOWER_APP_DIR`) with ``flwr run --stream`` for Ferret, FedAvg and FedICU (tiny llama, the
+(`lmlab.core.federated.engine.FLOWER_APP_DIR`) with ``flwr run --stream`` for Ferret, FedAvg and FedICU (tiny llama,
+the
 smoke presets, 2 clients, 2 rounds), and checks each run's result files against the in-process simulator with the
 same seed and config: the final trainable state (allclose) and the floats uploaded per client and round (equal).
 ``flwr run`` exits 0 even when the ServerApp fails, so the test asserts on the result files. Every process it
@@ -55,7 +56,7 @@ def test_ferret_and_fedavg_run_unchanged_on_a_loopback_flower_federation(tmp_pat
     import torch
     from safetensors.torch import load_file
 
-    from lmlab.core.federated import FLOWER_APP_DIR, simulate
+    from lmlab.core.federated.engine import FLOWER_APP_DIR, simulate
     from lmlab.registry import load_attr
 
     for exe in ("flower-superlink", "flower-supernode", "flwr"):

@@ -78,7 +78,7 @@ def tl_attribution(bridge, batch: M.CircuitBatch) -> torch.Tensor:
 
 
 def _cases(name):
-    from lmlab.core.tiny import make_byte_tokenizer, make_tiny_llama
+    from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_llama
 
     tok = make_byte_tokenizer()
     if name == "tiny-llama":
@@ -91,7 +91,7 @@ def _cases(name):
 def test_bridge_sees_the_same_head_outputs(name, tmp_path):
     model, tok, batch = _cases(name)
     bridge = _bridge(model, tok, tmp_path)
-    from lmlab.core.hooks import run_with_cache
+    from lmlab.core.inference.hooks import run_with_cache
 
     with torch.no_grad():
         ours_logits, ours = run_with_cache(model, batch.input_ids, lambda n: n.endswith("attn.hook_z"))

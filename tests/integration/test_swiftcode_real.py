@@ -1,6 +1,6 @@
 """SWIFTCODE on SmolLM2-135M (the quick preset: two families, template candidates): SFT on the most efficient
 correct candidate writes faster held-out code than SFT on a random correct one, and solves more held-out tasks than
-the base model. All candidate and model code runs in lmlab.core.sandbox.
+the base model. All candidate and model code runs in lmlab.core.execution.sandbox.
 
 At this size the held-out NET claim rests on the tasks both fine-tuned models solve (8 held-out tasks); the test
 asserts its direction, and the selection itself (only fast idioms kept) as the mechanism behind it.
@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from lmlab.core.sandbox import sandbox_available
+from lmlab.core.execution.sandbox import sandbox_available
 from lmlab.runner import run_method
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]

@@ -36,7 +36,7 @@ def test_wanda_beats_magnitude_and_saved_model_loads_back(smollm2, tmp_path):
     )
 
     # the saved folder is a standard HF model that lmlab loads as --model, sparsity intact
-    from lmlab.core.models import load_model
+    from lmlab.core.inference.models import load_model
     from lmlab.core.pruning import model_sparsity
 
     model, tok = load_model(str(folder), fresh=True)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from lmlab.core.partial import FrozenTrunk
-from lmlab.core.preference import seq_logprobs
-from lmlab.core.tiny import make_byte_tokenizer, make_tiny_llama
+from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_llama
+from lmlab.core.training.partial import FrozenTrunk
+from lmlab.core.training.preference import seq_logprobs
 from lmlab.methods.alignment.alignment_potential import method as M
 from lmlab.methods.alignment.alignment_potential.config import AlignmentPotentialConfig
 
@@ -139,7 +139,7 @@ def test_cached_topk_scores_equal_full_model_logprobs(tiny):
 
 @pytest.mark.parametrize("arch, attn", [("llama", "sdpa"), ("gemma3", "eager")])
 def test_cached_scores_and_training_on_other_attention_and_architectures(arch, attn):
-    from lmlab.core.tiny import make_tiny_model
+    from lmlab.core.inference.tiny import make_tiny_model
 
     model, tok = make_tiny_model(1, arch=arch, n_layers=3, attn_implementation=attn), make_byte_tokenizer()
     ps, cs, rs = M.format_pairs(tok, PROMPTS, CHOSEN, REJECTED)
@@ -182,7 +182,7 @@ def _params(m):
 
 
 def _dpo_grad_norm(trunk, pairs, ref, idx):
-    from lmlab.core.preference import dpo_loss
+    from lmlab.core.training.preference import dpo_loss
 
     policy = trunk.top_k()
     rows = pairs.rows(idx)

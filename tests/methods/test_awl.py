@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from lmlab.core.tools import ToolCall
+from lmlab.core.execution.tools import ToolCall
 from lmlab.data.tools import default_tools
 from lmlab.methods.adaptation.awl.method import (
     ANSWER_TOOL,
@@ -194,7 +194,7 @@ def test_observation_tokens_are_not_targets(tiny_tokenizer):
 
 
 def test_trace_cache_masks_and_sft_steps_train(tiny_llama, tiny_tokenizer):
-    from lmlab.core.partial import FrozenTrunk, response_token_logps
+    from lmlab.core.training.partial import FrozenTrunk, response_token_logps
 
     torch.manual_seed(0)
     tools = default_tools()
@@ -247,7 +247,7 @@ def test_trace_cache_masks_and_sft_steps_train(tiny_llama, tiny_tokenizer):
 
 
 def test_run_with_tools_executes_the_call_and_continues(monkeypatch, tiny_tokenizer):
-    import lmlab.core.generation as gen
+    import lmlab.core.inference.generation as gen
 
     seen = []
 
@@ -283,7 +283,7 @@ def test_run_with_tools_executes_the_call_and_continues(monkeypatch, tiny_tokeni
 
 
 def test_tool_errors_reach_the_model_as_observations(monkeypatch, tiny_tokenizer):
-    import lmlab.core.generation as gen
+    import lmlab.core.inference.generation as gen
 
     class Out:
         def __init__(self, text):
@@ -332,7 +332,7 @@ def test_train_layers_above_the_model_depth_is_refused(tmp_path):
 
 
 def test_train_awl_splits_with_the_wkl_model_and_adds_direct_answers_for_easy(monkeypatch, tiny_llama, tiny_tokenizer):
-    import lmlab.core.generation as gen
+    import lmlab.core.inference.generation as gen
     from lmlab.methods.adaptation.awl.method import train_awl, train_tool_only
 
     probs = _problems(2, 2)

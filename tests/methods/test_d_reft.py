@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from lmlab.core.hooks import HookPoint
+from lmlab.core.inference.hooks import HookPoint
 from lmlab.methods.adaptation.d_reft.method import (
     DLoreftIntervention,
     InterventionHandle,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LogitsProcessorList
 
-from lmlab.core.generation import decode
+from lmlab.core.inference.generation import decode
 from lmlab.methods.decoding.farma import (
     ARGSLogitsProcessor,
     RewardGuidedLogitsProcessor,

@@ -9,7 +9,7 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from lmlab.core.federated import (
+from lmlab.core.federated.engine import (
     ClientData,
     FedAvg,
     FedProx,
@@ -290,7 +290,7 @@ def test_bad_values_raise_one_line_errors():
 
 
 def test_wrong_architecture_is_refused():
-    from lmlab.core.partial import FrozenTrunk
+    from lmlab.core.training.partial import FrozenTrunk
 
     with pytest.raises(ValueError, match="decoder-only"):
         FrozenTrunk(torch.nn.Linear(2, 2), 1)
@@ -322,7 +322,7 @@ def test_lora_init_is_peft_default_and_the_base_function_at_start():
 @pytest.mark.skipif(not HAVE_FLWR, reason="flwr is not installed (pip install 'lmlab[federated]')")
 @pytest.mark.parametrize("method", ["fedicu", "fedprox"])
 def test_inprocess_loop_and_flower_apps_give_the_same_result(method):
-    from lmlab.core.federated import run_flower_local
+    from lmlab.core.federated.engine import run_flower_local
     from lmlab.methods.adaptation.fedicu.experiment import flower_setup
 
     torch.set_num_threads(1)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmlab.core.federated import (
+from lmlab.core.federated.engine import (
     ClientData,
     FedAvg,
     FedSetup,
@@ -194,7 +194,7 @@ def test_fedavg_with_one_client_is_that_clients_local_training():
     hist = simulate(setup)
     task = setup.clients[0].task
     task.set_state(setup.init_state)
-    from lmlab.core.federated import client_rng, local_batches, local_sgd
+    from lmlab.core.federated.engine import client_rng, local_batches, local_sgd
 
     local_sgd(task, local_batches(setup.clients[0].rows, 3, 4, client_rng(0, 0, 1, "order")), 0.05)
     for k, v in task.state().items():
@@ -268,7 +268,7 @@ def test_bad_config_values_raise_one_line_errors():
 
 
 def test_wrong_architecture_is_refused():
-    from lmlab.core.partial import FrozenTrunk
+    from lmlab.core.training.partial import FrozenTrunk
 
     with pytest.raises(ValueError, match="decoder-only"):
         FrozenTrunk(torch.nn.Linear(2, 2), 1)
@@ -286,7 +286,7 @@ def _run_config(method):
 @pytest.mark.skipif(not HAVE_FLWR, reason="flwr is not installed (pip install 'lmlab[federated]')")
 @pytest.mark.parametrize("method", ["ferret", "fedavg", "fedkseed"])
 def test_inprocess_loop_and_flower_apps_give_the_same_result(method):
-    from lmlab.core.federated import run_flower_local
+    from lmlab.core.federated.engine import run_flower_local
     from lmlab.methods.adaptation.ferret.experiment import flower_setup
 
     torch.set_num_threads(1)
@@ -305,7 +305,7 @@ def test_flower_app_bundle_passes_flowers_own_validation():
     import tomllib
     from flwr.common.config import validate_config
 
-    from lmlab.core.federated import FLOWER_APP_DIR
+    from lmlab.core.federated.engine import FLOWER_APP_DIR
 
     cfg = tomllib.loads((FLOWER_APP_DIR / "pyproject.toml").read_text())
     ok, errors, _ = validate_config(cfg, check_module=True, project_dir=FLOWER_APP_DIR)

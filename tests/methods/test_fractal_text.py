@@ -164,7 +164,7 @@ def test_detection_finds_signal_and_not_noise():
 
 
 def test_token_bits_are_the_model_log_probs_and_windows_score_every_token_once(tiny_llama):
-    from lmlab.core.scoring import token_logprobs
+    from lmlab.core.inference.scoring import token_logprobs
 
     ids = list(np.random.default_rng(0).integers(3, 250, size=90))
     ctx = [1]
@@ -190,7 +190,7 @@ def test_bits_series_drops_prompt_and_warm_up_tokens(tiny_llama, tiny_tokenizer)
 
 def test_decoder_log_probs_are_the_scorer_bits_of_its_own_generation(tiny_llama, tiny_tokenizer):
     """The experiment scores the scorer's own generations with the log-probs the decoder recorded."""
-    from lmlab.core.generation import decode_batch
+    from lmlab.core.inference.generation import decode_batch
 
     prompts = [[1] + list(tiny_tokenizer("abc def", add_special_tokens=False)["input_ids"]), [1, 70, 71]]
     outs = decode_batch(tiny_llama, tiny_tokenizer, prompts, max_new_tokens=24, do_sample=True, temperature=1.5,

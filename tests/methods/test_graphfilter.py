@@ -236,7 +236,7 @@ def test_run_rejects_more_trained_layers_than_the_model_has(tmp_path):
 
 
 def test_ifd_is_the_conditional_over_the_alone_perplexity(tiny_llama, tiny_tokenizer):
-    from lmlab.core.scoring import encode
+    from lmlab.core.inference.scoring import encode
 
     instr, resp = ["What is two plus two?", "Name a colour."], ["The answer is 4.", "Blue, like the sky."]
     s = M.ifd_scores(tiny_llama, tiny_tokenizer, instr, resp)
@@ -247,7 +247,7 @@ def test_ifd_is_the_conditional_over_the_alone_perplexity(tiny_llama, tiny_token
         lp = torch.log_softmax(tiny_llama(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])
     assert s.ppl_alone[1] == pytest.approx(math.exp(-float(lp.mean())), rel=1e-5)
     # PPL(y | x) by hand: the response after "{instruction}\n"
-    from lmlab.core.scoring import sequence_logprob
+    from lmlab.core.inference.scoring import sequence_logprob
 
     c = sequence_logprob(tiny_llama, tiny_tokenizer, M.format_prompt(instr[0]), resp[0])
     assert s.ppl_conditional[0] == pytest.approx(math.exp(-c.mean), rel=1e-5)
@@ -255,8 +255,8 @@ def test_ifd_is_the_conditional_over_the_alone_perplexity(tiny_llama, tiny_token
 
 
 def test_cached_trunk_scores_equal_the_full_model_and_ifd_path(tiny_llama, tiny_tokenizer):
-    from lmlab.core.partial import FrozenTrunk
-    from lmlab.core.preference import seq_logprobs
+    from lmlab.core.training.partial import FrozenTrunk
+    from lmlab.core.training.preference import seq_logprobs
     from lmlab.methods.alignment.graphfilter import experiment as E
 
     pairs = [("What is 12 plus 30?", "SUM=(42)"), ("Reverse the word cat.", "REV|tac|"),
@@ -279,7 +279,7 @@ def test_cached_trunk_scores_equal_the_full_model_and_ifd_path(tiny_llama, tiny_
 def test_sft_on_the_cached_trunk_lowers_the_loss_and_changes_only_the_top(tiny_llama, tiny_tokenizer):
     from types import SimpleNamespace
 
-    from lmlab.core.partial import FrozenTrunk
+    from lmlab.core.training.partial import FrozenTrunk
     from lmlab.methods.alignment.graphfilter import experiment as E
 
     pairs = [(f"What is {a} plus {b}?", f"SUM=({a + b})") for a, b in [(1, 2), (3, 4), (10, 5), (7, 7), (2, 9)]]

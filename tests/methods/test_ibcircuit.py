@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmlab.core.hooks import hooks, run_with_cache
-from lmlab.core.tiny import make_byte_tokenizer, make_tiny_llama
+from lmlab.core.inference.hooks import hooks, run_with_cache
+from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_llama
 from lmlab.methods.analysis.ibcircuit import method as M
 from lmlab.methods.analysis.ibcircuit import task as T
 from lmlab.methods.analysis.ibcircuit.config import IBCircuitConfig

@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
-from lmlab.core.models import load_model
-from lmlab.core.preference import seq_logprobs
-from lmlab.core.prm import PRM, is_prm_spec, load_prm
+from lmlab.core.inference.models import load_model
+from lmlab.core.training.preference import seq_logprobs
+from lmlab.core.training.prm import PRM, is_prm_spec, load_prm
 from lmlab.methods.alignment.implicit_prm import method as M
 from lmlab.methods.alignment.implicit_prm import task as T
 from lmlab.methods.alignment.implicit_prm.config import ImplicitPRMConfig

@@ -193,7 +193,7 @@ def test_config_rejects_bad_values(override, match):
 
 
 def test_truncated_view_shares_weights_and_leaves_the_model_whole():
-    from lmlab.core.tiny import make_tiny_llama
+    from lmlab.core.inference.tiny import make_tiny_llama
     from lmlab.methods.selection.lensllm.experiment import truncated
 
     model = make_tiny_llama(0, n_layers=3)
@@ -230,7 +230,7 @@ def test_lora_candidate_fine_tunes_and_its_ntk_is_a_gram_matrix():
             return data.load(suite, n, seed=0, split=split, **kw)
 
         def load_model(self, spec=None):
-            from lmlab.core.models import load_model
+            from lmlab.core.inference.models import load_model
 
             return load_model(spec or cfg.model)
 

@@ -168,7 +168,7 @@ def test_peft_cat_export_merges_to_the_same_weights_and_unloads(edge, tiny_token
 
 
 def test_merged_model_saves_as_an_hf_folder_that_load_model_reads(edge, tiny_tokenizer, tmp_path):
-    from lmlab.core.models import load_model, save_hf_folder
+    from lmlab.core.inference.models import load_model, save_hf_folder
 
     gen = _generator(edge)
     gates = gen.gate(*_cloud()).gates[0]
@@ -184,7 +184,7 @@ def test_merged_model_saves_as_an_hf_folder_that_load_model_reads(edge, tiny_tok
 
 
 def test_edge_top_on_cached_trunk_equals_the_full_forward(tiny_llama, tiny_tokenizer):
-    from lmlab.core.tiny import make_tiny_llama
+    from lmlab.core.inference.tiny import make_tiny_llama
 
     model = make_tiny_llama(seed=1, n_layers=4)
     pairs = [
@@ -336,7 +336,7 @@ def _prefix_setup(tok):
 def test_shared_prefix_top_pass_equals_the_full_forward_with_the_prompt(tiny_tokenizer, n_top):
     """Logits AND LoRA gradients of the cached-trunk, prompt-once path equal the plain forward of prompt + query:
     the prompt-in-context LoRA is trained on exactly what it is evaluated on (`score_with_prefix`)."""
-    from lmlab.core.tiny import make_tiny_llama
+    from lmlab.core.inference.tiny import make_tiny_llama
 
     model = make_tiny_llama(seed=1, n_layers=4)
     peft_model, _ = _peft(model, random_b=True)  # B != 0: the LoRA changes the prompt's keys / values

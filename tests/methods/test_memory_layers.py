@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
-from lmlab.core.tiny import make_tiny_llama
-from lmlab.core.training import lm_loss, pretrain_lm
+from lmlab.core.inference.tiny import make_tiny_llama
+from lmlab.core.training.pretrain import lm_loss, pretrain_lm
 from lmlab.methods.efficiency.memory_layers import (
     ProductKeyMemory,
     SwitchMoE,

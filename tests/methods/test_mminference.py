@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmlab.core.attention import use_controller
+from lmlab.core.inference.attention import use_controller
 from lmlab.methods.efficiency.mminference.attention import MMInferenceController
 from lmlab.methods.efficiency.mminference.config import MMInferenceConfig
 from lmlab.methods.efficiency.mminference.experiment import natural_ids, periodic_ids, sdpa

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmlab.core.tiny import make_byte_tokenizer, make_tiny_model
+from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_model
 from lmlab.methods.analysis.model_independence import method as M
 
 
@@ -127,7 +127,7 @@ def test_match_with_a_narrower_mlp_uses_the_rectangular_lap():
 
 
 def test_word_columns_align_two_tokenizers():
-    from lmlab.core.tiny import make_word_tokenizer
+    from lmlab.core.inference.tiny import make_word_tokenizer
 
     texts = ["the quick brown fox jumps over the lazy dog", "independence tests for language models"]
     byte_tok, word_tok = make_byte_tokenizer(), make_word_tokenizer(texts)
@@ -211,7 +211,7 @@ def test_index_plan_rejects_unknown_parameters():
 
 
 def test_pair_mode_on_two_local_folders(tmp_path):
-    from lmlab.core.models import save_hf_folder
+    from lmlab.core.inference.models import save_hf_folder
     from lmlab.runner import run_method
 
     tok = make_byte_tokenizer()

@@ -209,7 +209,7 @@ def test_smoke_run_gives_every_searcher_the_same_budget(tmp_path):
     # the saved folder is a plain HF model usable as --model
     from transformers import AutoModelForCausalLM
 
-    from lmlab.core.models import load_model
+    from lmlab.core.inference.models import load_model
 
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "best")
     base, _ = load_model("tiny-llama")
@@ -227,10 +227,10 @@ def test_smoke_run_gives_every_searcher_the_same_budget(tmp_path):
 def test_dense_delta_scores_equal_the_lora_particle(tiny_llama, tiny_tokenizer):
     from peft import LoraConfig
 
-    from lmlab.core.lora import PaddedCache, answer_scores
-    from lmlab.core.partial import FrozenTrunk
-    from lmlab.core.scoring import _pad_id
-    from lmlab.core.sft import encode_sequences
+    from lmlab.core.inference.scoring import _pad_id
+    from lmlab.core.training.lora import PaddedCache, answer_scores
+    from lmlab.core.training.partial import FrozenTrunk
+    from lmlab.core.training.sft import encode_sequences
     from lmlab.methods.adaptation.model_swarms.adapters import LoraSlot, from_peft_state, lora_state, peft_state
 
     trunk = FrozenTrunk(tiny_llama, 1)

@@ -237,8 +237,8 @@ def test_grader_ignores_the_country_name_and_catches_wrong_facts():
 
 
 def _trunk_batch(tiny_llama, tiny_tokenizer, k: int = 1):
-    from lmlab.core.partial import FrozenTrunk
-    from lmlab.core.preference import build_response_batch
+    from lmlab.core.training.partial import FrozenTrunk
+    from lmlab.core.training.preference import build_response_batch
 
     trunk = FrozenTrunk(tiny_llama, k)
     prompts = ["Q: capital of A?\nA:"] * 3 + ["Q: capital of B?\nA:"] * 3
@@ -252,8 +252,8 @@ def _trunk_batch(tiny_llama, tiny_tokenizer, k: int = 1):
 
 
 def test_response_logps_equal_the_full_model_sums(tiny_llama, tiny_tokenizer):
-    from lmlab.core.partial import token_logps_from_cache
-    from lmlab.core.preference import batch_logps, build_response_batch
+    from lmlab.core.training.partial import token_logps_from_cache
+    from lmlab.core.training.preference import batch_logps, build_response_batch
 
     trunk, group = _trunk_batch(tiny_llama, tiny_tokenizer)
     full = token_logps_from_cache(trunk.reference, group.cache, target_mask=group.target_mask).sum(-1)
@@ -297,7 +297,7 @@ def test_reward_soup_is_the_parameter_average(tiny_llama, tiny_tokenizer):
 
 
 def test_policy_model_matches_the_topk_and_shares_the_trunk(tiny_llama, tiny_tokenizer):
-    from lmlab.core.partial import logits_from_cache
+    from lmlab.core.training.partial import logits_from_cache
 
     trunk, group = _trunk_batch(tiny_llama, tiny_tokenizer)
     pol = M.train_dpo_policy(trunk, [group], [torch.tensor([[1, 0]])], lr=1e-2, epochs=2).policy
@@ -314,7 +314,7 @@ def test_policy_model_matches_the_topk_and_shares_the_trunk(tiny_llama, tiny_tok
 
 
 def test_mixture_generate_is_exact_at_the_vertices_and_mixes_log_probs(tiny_llama, tiny_tokenizer):
-    from lmlab.core.tiny import make_tiny_llama
+    from lmlab.core.inference.tiny import make_tiny_llama
 
     other = make_tiny_llama(seed=3)
     prompts = ["Question: What is the capital of Peru?\nAnswer:", "Q: hi"]

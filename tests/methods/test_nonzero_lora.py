@@ -195,9 +195,9 @@ def test_lr_sweep_on_the_full_peft_model(tiny_llama):
 
 
 def test_padded_cache_scores_match_full_model_loglikelihood(tiny_llama, tiny_tokenizer):
-    from lmlab.core.partial import FrozenTrunk
-    from lmlab.core.scoring import _pad_id, loglikelihood
-    from lmlab.core.sft import encode_sequences
+    from lmlab.core.inference.scoring import _pad_id, loglikelihood
+    from lmlab.core.training.partial import FrozenTrunk
+    from lmlab.core.training.sft import encode_sequences
     from lmlab.methods.adaptation.nonzero_lora.experiment import PaddedCache, answer_scores
 
     pairs = [("Q: a?\nA:", " XYZ"), ("Q: longer question here?\nA:", " AB"), ("Q: b?\nA:", " Q")]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmlab.core.preference import logps_from_token_logps
+from lmlab.core.training.preference import logps_from_token_logps
 from lmlab.methods.alignment.ple import method as M
 from lmlab.methods.alignment.ple import task as T
 
@@ -101,8 +101,8 @@ def _toy_reward(query: str, response: str) -> float:
 
 @pytest.fixture(scope="module")
 def loop_runs():
-    from lmlab.core.partial import FrozenTrunk
-    from lmlab.core.tiny import make_byte_tokenizer, make_tiny_llama
+    from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_llama
+    from lmlab.core.training.partial import FrozenTrunk
 
     model, tok = make_tiny_llama(seed=7, n_layers=3), make_byte_tokenizer()
     trunk = FrozenTrunk(model, 1)
@@ -143,8 +143,8 @@ def test_every_system_trains_its_own_copy_and_dpo_starts_at_log2(loop_runs):
 
 
 def test_loop_bad_input_raises():
-    from lmlab.core.partial import FrozenTrunk
-    from lmlab.core.tiny import make_byte_tokenizer, make_tiny_llama
+    from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_llama
+    from lmlab.core.training.partial import FrozenTrunk
 
     trunk, tok = FrozenTrunk(make_tiny_llama(seed=1), 1), make_byte_tokenizer()
     opts = M.PLEOptions(iterations=2, queries_per_iter=4)

@@ -222,7 +222,7 @@ class FakeBackend:
         return self.scores[continuation]
 
     def chat(self, messages, **kw):
-        from lmlab.core.backends import Completion
+        from lmlab.core.execution.backends import Completion
 
         return Completion(self.chat_reply)
 
@@ -252,7 +252,7 @@ def test_core_loop_through_lmlab_serve_equals_the_local_backend(tiny_llama, tiny
     pytest.importorskip("openai")
     app_mod = pytest.importorskip("lmlab.serve.app")
     sched_mod = pytest.importorskip("lmlab.serve.scheduler")
-    from lmlab.core.backends import LocalBackend, OpenAIBackend
+    from lmlab.core.execution.backends import LocalBackend, OpenAIBackend
     from lmlab.serve.testing import ServerThread
 
     bench = build_benchmark(get_concepts(["zero_sum", "prime"]), seed=0, n_classify=2, n_generate=1, n_edit=1,

@@ -318,7 +318,7 @@ def test_owl_sparsities_on_tiny_model(tiny_llama):
 
 
 def test_save_and_load_round_trip(tiny_llama, tiny_tokenizer, tmp_path):
-    from lmlab.core.models import load_model
+    from lmlab.core.inference.models import load_model
 
     model = copy.deepcopy(tiny_llama)
     prune_model(model, _calib(), method="wanda", sparsity=0.5)

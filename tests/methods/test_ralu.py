@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmlab.core.backends import BackendError
+from lmlab.core.execution.backends import BackendError
 from lmlab.methods.decoding.ralu.backends import (
     OK_RESPONSE,
     ChatResponse,
@@ -367,7 +367,7 @@ def test_each_operator_and_its_inverse():
 
 
 def test_mutants_fail_and_the_inverse_restores_the_canonical_program():
-    from lmlab.core.sandbox import run_many
+    from lmlab.core.execution.sandbox import run_many
 
     program = Program.parse(
         "def below(xs, t):\n    n = 0\n    for x in xs:\n        if x < t and x > 0:\n            n += 1\n"

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmlab.core.compute import ComputeMeter
-from lmlab.core.generation import decode, forward_tokens, new_cache
+from lmlab.core.inference.compute import ComputeMeter
+from lmlab.core.inference.generation import decode, forward_tokens, new_cache
 from lmlab.methods.decoding.reflection_window import beam_refine_span, reflection_window_generate, should_pause
 
 PROMPTS = ["The quick brown fox", "Once upon a time,", "In 1905, Einstein"]

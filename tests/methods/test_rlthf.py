@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmlab.core.annotator import BudgetExceeded, GroundTruthAnnotator
+from lmlab.core.training.annotator import BudgetExceeded, GroundTruthAnnotator
 from lmlab.methods.alignment.rlthf.config import RLTHFConfig
 from lmlab.methods.alignment.rlthf.method import (
     bt_margins,

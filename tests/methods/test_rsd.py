@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from lmlab.core.compute import ComputeMeter
-from lmlab.core.models import flop_params
-from lmlab.core.scoring import encode_prompt
-from lmlab.core.steps import StepModel
+from lmlab.core.inference.compute import ComputeMeter
+from lmlab.core.inference.models import flop_params
+from lmlab.core.inference.scoring import encode_prompt
+from lmlab.core.inference.steps import StepModel
 from lmlab.methods.decoding.rsd import (
     ConstantOmega,
     SoftOmega,

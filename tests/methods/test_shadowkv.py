@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lmlab.core.attention import (
+from lmlab.core.inference.attention import (
     chunk_positions,
     group_scores,
     rope_at,

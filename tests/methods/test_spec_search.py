@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from lmlab.core.compute import ComputeMeter
-from lmlab.core.generation import decode
+from lmlab.core.inference.compute import ComputeMeter
+from lmlab.core.inference.generation import decode
 from lmlab.methods.decoding.spec_search import (
     SpeculativeThoughtModel,
     ThoughtModel,
@@ -55,7 +55,7 @@ def _models(small_model, large_model, tok, meter=None, **kw):
 @pytest.fixture(scope="module")
 def tiny_llama_b():
     """A second tiny llama (other seed) sharing the byte tokenizer: a same-vocabulary 'small' model."""
-    from lmlab.core.tiny import make_tiny_llama
+    from lmlab.core.inference.tiny import make_tiny_llama
 
     return make_tiny_llama(seed=1)
 

@@ -345,7 +345,7 @@ def test_bad_inputs_are_one_line_errors():
         M.check_model(m, M.TrackerVocab.default(5))
     with pytest.raises(ValueError, match="expected a Hugging Face causal LM"):
         M.check_model(torch.nn.Linear(2, 2), M.TrackerVocab.default(3))
-    from lmlab.core.tiny import make_tiny_llama
+    from lmlab.core.inference.tiny import make_tiny_llama
 
     with pytest.raises(ValueError, match="no 'state_tracking' vocabulary"):
         M.TrackerVocab.of(make_tiny_llama(0))

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lmlab.core.sandbox import sandbox_available
+from lmlab.core.execution.sandbox import sandbox_available
 from lmlab.methods.alignment.swiftcode import method as M
 from lmlab.methods.alignment.swiftcode.tasks import FAMILIES, build_tasks
 
@@ -99,7 +99,7 @@ def test_model_code_never_runs_in_process(monkeypatch):
 
 
 def test_refused_without_a_sandbox(monkeypatch):
-    from lmlab.core import sandbox
+    from lmlab.core.execution import sandbox
 
     monkeypatch.setattr(sandbox, "_which", lambda name: None)  # no unshare / setpriv on PATH
     task = _task("fibonacci")

@@ -18,7 +18,7 @@ from lmlab.methods.analysis.wikibigedit.config import WikiBigEditConfig
 def soft_llama():
     """A tiny llama with init std 0.1: attention is diffuse enough that one position's MLP output moves the
     next-token distribution (the default std 0.5 gives near one-hot attention)."""
-    from lmlab.core.tiny import make_tiny_model
+    from lmlab.core.inference.tiny import make_tiny_model
 
     return make_tiny_model(seed=0, init_std=0.1)
 
@@ -220,7 +220,7 @@ def test_ft_trains_only_the_chosen_down_proj(tiny_llama, tiny_tokenizer):
 
 
 def test_prefix_cached_scores_equal_the_concatenated_sequences(tiny_llama, tiny_tokenizer):
-    from lmlab.core.scoring import encode, split_pair
+    from lmlab.core.inference.scoring import encode, split_pair
 
     qs, ans = [EDIT.src, OTHER.src, "Which river flows through Rome?"], ["Bergen", "Lima", "Tiber"]
     got = M.score_answers(tiny_llama, tiny_tokenizer, qs, ans, batch_size=2)

@@ -1,7 +1,8 @@
 """`lmlab serve`'s HTTP layer, spoken to by the official `openai` client on loopback.
 
 Two servers: one in front of the real continuous-batching `Scheduler` on the tiny random llama (answers are
-checked against `lmlab.core.scoring` and against the scheduler run directly), and one in front of `FakeScheduler`
+checked against `lmlab.core.inference.scoring` and against the scheduler run directly), and one in front of
+`FakeScheduler`
 below (the HTTP contract alone: error shapes, ids, usage arithmetic, SSE framing, and that a client that goes away
 cancels its handles, which a fake can show deterministically because its requests never end on their own).
 """
@@ -17,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from lmlab.core.scoring import continuation_logprobs, encode_prompt
-from lmlab.core.tiny import make_byte_tokenizer, make_tiny_llama
+from lmlab.core.inference.scoring import continuation_logprobs, encode_prompt
+from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_llama
 from lmlab.serve.app import create_app, validation_param
 from lmlab.serve.scheduler import Delta, Finished, GenRequest, Scheduler, TokenInfo
 from lmlab.serve.testing import ServerThread
@@ -146,7 +147,7 @@ def _wait_idle(srv, timeout: float = 5.0) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# log-probs against lmlab.core.scoring
+# log-probs against lmlab.core.inference.scoring
 
 
 def test_echo_logprobs_of_the_prompt_equal_scoring(client, tiny):

@@ -1,4 +1,4 @@
-"""`lmlab.core.backends.OpenAIBackend` against `lmlab serve` on loopback, in front of the tiny random llama.
+"""`lmlab.core.execution.backends.OpenAIBackend` against `lmlab serve` on loopback, in front of the tiny random llama.
 
 Through HTTP and the official `openai` client, generate / chat / score must give what `LocalBackend` gives on the
 same model (same text at temperature 0, log-probs within 1e-4), errors must come back as one line naming the URL,
@@ -16,8 +16,8 @@ app_mod = pytest.importorskip("lmlab.serve.app")
 sched_mod = pytest.importorskip("lmlab.serve.scheduler")
 testing_mod = pytest.importorskip("lmlab.serve.testing")
 
-from lmlab.core.backends import BackendHTTPError, BackendUnsupported, LocalBackend, OpenAIBackend  # noqa: E402
-from lmlab.core.tiny import make_byte_tokenizer, make_tiny_llama  # noqa: E402
+from lmlab.core.execution.backends import BackendHTTPError, BackendUnsupported, LocalBackend, OpenAIBackend  # noqa: E402
+from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.loopback
 

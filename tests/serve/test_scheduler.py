@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
-from lmlab.core.generation import decode
-from lmlab.core.scoring import token_logprobs
-from lmlab.core.tiny import make_byte_tokenizer, make_tiny_model
+from lmlab.core.inference.generation import decode
+from lmlab.core.inference.scoring import token_logprobs
+from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_model
 from lmlab.serve.scheduler import GenRequest, Scheduler, TextStream
 
 PROMPTS = ["The capital of France", "Once upon a time, in a land far away, there lived", "1, 2, 3,"]
@@ -180,7 +180,7 @@ def test_text_stream_holds_back_an_incomplete_character():
 
 
 def test_penalize_closed_form():
-    from lmlab.core.generation import penalize
+    from lmlab.core.inference.generation import penalize
 
     logits = torch.zeros(6)
     out = penalize(logits, [2, 2, 5], frequency=0.5, presence=0.25)

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from lmlab.core.generation import decode
-from lmlab.core.scoring import chat_prompt, encode_prompt
+from lmlab.core.inference.generation import decode
+from lmlab.core.inference.scoring import chat_prompt, encode_prompt
 from lmlab.serve.scheduler import GenRequest, Scheduler
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]

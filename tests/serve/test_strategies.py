@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmlab.core.tiny import make_byte_tokenizer, make_tiny_model
+from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_model
 from lmlab.serve.scheduler import GenRequest, Scheduler
 from lmlab.serve.strategies import StrategyError, parse_strategy
 

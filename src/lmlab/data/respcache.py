@@ -300,7 +300,7 @@ def packaged_dir() -> Path:
 
 def user_dir() -> Path:
     """Caches a user rebuilt: ``$LMLAB_CACHE/responses`` (preferred over the packaged ones)."""
-    from lmlab.core.models import cache_root
+    from lmlab.core.inference.models import cache_root
 
     return cache_root() / "responses"
 

@@ -542,7 +542,7 @@ def tasks(
 
 def choice_requests(example: Example) -> list[tuple[str, str]]:
     """``(context, continuation)`` pairs of a log-likelihood multiple choice: one per option, in `choices` order
-    (the gold one at ``meta["answer_index"]``). Feed them to `lmlab.core.scoring.loglikelihood`."""
+    (the gold one at ``meta["answer_index"]``). Feed them to `lmlab.core.inference.scoring.loglikelihood`."""
     if not example.choices:
         raise ValueError(f"example {example.id} has no choices (generated with n_choices=0)")
     return [(example.prompt, ANSWER_PREFIX + c) for c in example.choices]

@@ -1,6 +1,7 @@
 """Tools over lmlab's packaged facts: the country-fact lookup, and the default tool box (calculator + lookup).
 
-The tool machinery (call syntax, `Tool`, `ToolBox`, the AST-whitelisted `Calculator`) is `lmlab.core.tools`; this
+The tool machinery (call syntax, `Tool`, `ToolBox`, the AST-whitelisted `Calculator`) is `lmlab.core.execution.tools`;
+this
 module holds what reads task data, which the core must not.
 
 Usage:
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lmlab.core.tools import Calculator, Tool, ToolBox, ToolError, parse_call, shorten  # noqa: F401 (parse_call: doctest)
+from lmlab.core.execution.tools import Calculator, Tool, ToolBox, ToolError, parse_call, shorten  # noqa: F401 (parse_call: doctest)
 
 # ----------------------------------------------------------------------------------------------------------------
 # the country-fact lookup

@@ -30,7 +30,8 @@ reversal, letter counting, composition of two permutations of S3). Each query is
 answer is the HF model's greedy text) its ``option_probs`` are the options' first-token probabilities at the answer
 position, renormalised over the options (one prompt forward; not part of ``cost_flops``).
 
-Cost: `lmlab.data.respcache.flop_cost` = 2 x flop params (`lmlab.core.models.flop_params`: non-embedding weights
+Cost: `lmlab.data.respcache.flop_cost` = 2 x flop params (`lmlab.core.inference.models.flop_params`: non-embedding
+weights
 plus the head) x (prompt + generated tokens), summed over samples. Unstructured sparsity and int4 weights do not
 change this count (dense kernels do the same multiply-adds); the variant's description records its sparsity /
 weight format.
@@ -289,7 +290,7 @@ class VariantSpec:
     Args:
         id (`str`): the variant id (the cache's row key).
         kind (`str`): one of `KINDS` (zeroshot, fewshot, sc, trunc, pot, wanda, atp, int4, lora, base_fewshot).
-        model (`str`): the `lmlab.core.models.load_model` spec of the base model.
+        model (`str`): the `lmlab.core.inference.models.load_model` spec of the base model.
         params (`dict`): the kind's knobs (shots, samples, temperature, layers, sparsity, steps, ...).
         description (`str`): one line for `lmlab cache show` and the cache header.
     """
@@ -425,14 +426,14 @@ class BuildOptions:
 
 
 def truncated_model(model: Any, n_layers: int) -> Any:
-    """`lmlab.core.partial.truncated_model` (imported on use: the data layer loads without torch)."""
-    from lmlab.core.partial import truncated_model as truncate
+    """`lmlab.core.training.partial.truncated_model` (imported on use: the data layer loads without torch)."""
+    from lmlab.core.training.partial import truncated_model as truncate
 
     return truncate(model, n_layers)
 
 
 def _full_copy(model: Any) -> Any:
-    from lmlab.core.partial import _stash_model_caches
+    from lmlab.core.training.partial import _stash_model_caches
 
     saved = _stash_model_caches(model)
     try:
@@ -442,7 +443,7 @@ def _full_copy(model: Any) -> Any:
 
 
 def _chat(tok: Any, user: str, history: Sequence[tuple[str, str]] = ()) -> str:
-    from lmlab.core.scoring import chat_prompt
+    from lmlab.core.inference.scoring import chat_prompt
 
     hist = [m for u, a in history for m in ({"role": "user", "content": u}, {"role": "assistant", "content": a})]
     return chat_prompt(tok, user, history=hist)
@@ -467,7 +468,7 @@ def _generate(
     desc: str = "",
 ) -> tuple[list[Any], list[float]]:
     """One batched decoding pass (prompts sorted by length to limit padding); (outputs, wall seconds per prompt)."""
-    from lmlab.core.generation import decode_batch
+    from lmlab.core.inference.generation import decode_batch
 
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     outs: list[Any] = [None] * len(prompts)
@@ -507,7 +508,7 @@ def _option_probs(model: Any, tok: Any, queries: list[Query], prompts: list[str]
     """
     import torch
 
-    from lmlab.core.scoring import _left_pad, _pad_id, encode_prompt, split_pair
+    from lmlab.core.inference.scoring import _left_pad, _pad_id, encode_prompt, split_pair
 
     if not opts.option_probs:
         return {}
@@ -536,8 +537,9 @@ def _option_probs(model: Any, tok: Any, queries: list[Query], prompts: list[str]
 
 
 def _option_probs_full(model: Any, tok: Any, todo: list[tuple[Query, str]], opts: BuildOptions) -> dict:
-    """The fallback: each option's whole-answer log-likelihood (`lmlab.core.scoring.loglikelihood`), softmaxed."""
-    from lmlab.core.scoring import loglikelihood
+    """The fallback: each option's whole-answer log-likelihood (`lmlab.core.inference.scoring.loglikelihood`),
+    softmaxed."""
+    from lmlab.core.inference.scoring import loglikelihood
 
     reqs = []
     for q, p in todo:
@@ -596,7 +598,7 @@ def _greedy_rows(
     stop_strings: Sequence[str] = (),
     mc: bool = True,
 ) -> list[ResponseRow]:
-    from lmlab.core.models import flop_params
+    from lmlab.core.inference.models import flop_params
 
     outs, walls = _generate(model, tok, prompts, opts, engine=engine, stop_strings=stop_strings, desc=spec.id)
     probs = _option_probs(model, tok, queries, prompts, opts) if mc else {}
@@ -617,7 +619,7 @@ def _fewshot_prompts(tok: Any, queries: list[Query], shots: int, seed: int, *, b
 
 
 def _run_sc(spec: VariantSpec, model: Any, tok: Any, queries: list[Query], opts: BuildOptions) -> list[ResponseRow]:
-    from lmlab.core.models import flop_params
+    from lmlab.core.inference.models import flop_params
 
     k = int(spec.params.get("samples", 5))
     temp = float(spec.params.get("temperature", 0.7))
@@ -658,7 +660,7 @@ def _run_sc(spec: VariantSpec, model: Any, tok: Any, queries: list[Query], opts:
 
 
 def _run_pot(spec: VariantSpec, model: Any, tok: Any, queries: list[Query], opts: BuildOptions) -> list[ResponseRow]:
-    from lmlab.core.models import flop_params
+    from lmlab.core.inference.models import flop_params
 
     prompts = [_chat(tok, POT_INSTRUCTION.format(q=q.example.prompt)) for q in queries]  # no answer suffix
     outs, walls = _generate(
@@ -779,11 +781,11 @@ def _lora_model(spec: VariantSpec, model: Any, tok: Any, seed: int) -> tuple[Any
     import torch
     from peft import LoraConfig
 
-    from lmlab.core.lora import PaddedCache, index_batches, train_steps
-    from lmlab.core.partial import FrozenTrunk, policy_model, response_token_logps
-    from lmlab.core.preference import weighted_sft_loss
-    from lmlab.core.scoring import _pad_id
-    from lmlab.core.sft import encode_sequences
+    from lmlab.core.inference.scoring import _pad_id
+    from lmlab.core.training.lora import PaddedCache, index_batches, train_steps
+    from lmlab.core.training.partial import FrozenTrunk, policy_model, response_token_logps
+    from lmlab.core.training.preference import weighted_sft_loss
+    from lmlab.core.training.sft import encode_sequences
 
     p = spec.params
     items = _lora_items(str(p.get("family")), seed, int(p.get("max_items", 96)))
@@ -824,7 +826,7 @@ def run_variant(
     spec: VariantSpec, queries: list[Query], opts: BuildOptions | None = None
 ) -> tuple[list[ResponseRow], dict[str, Any]]:
     """Build `spec`'s model, answer every query, grade and cost it; (rows, description for the cache header)."""
-    from lmlab.core.models import flop_params, load_model
+    from lmlab.core.inference.models import flop_params, load_model
 
     opts = opts or BuildOptions()
     if not queries:
@@ -851,7 +853,7 @@ def run_variant(
         rows = _greedy_rows(
             spec, model, tok, queries, [_chat(tok, q.prompt) for q in queries], opts, engine="fast-int4", mc=False
         )
-        from lmlab.core.generation import resolve_engine
+        from lmlab.core.inference.generation import resolve_engine
 
         extra["engine"] = "fast-int4" if resolve_engine(model, "fast-int4") is not None else "hf (int4 unsupported)"
     elif kind in ("trunc", "wanda", "atp", "lora"):

@@ -36,8 +36,8 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lmlab.core.backends import render_chat
-from lmlab.core.scoring import encode_prompt, has_chat_template
+from lmlab.core.execution.backends import render_chat
+from lmlab.core.inference.scoring import encode_prompt, has_chat_template
 from lmlab.serve.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -672,7 +672,8 @@ def _completion_prompts(tokenizer: Any, prompt: Any) -> list[tuple[list[int], st
 
 def _chat_ids(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:
     """The prompt ids of a chat: the model's chat template with the generation prompt (``developer`` is read as
-    ``system``); a model without a template gets `lmlab.core.scoring.chat_prompt`'s plain Question/Answer form."""
+    ``system``); a model without a template gets `lmlab.core.inference.scoring.chat_prompt`'s plain Question/Answer
+    form."""
     messages = []
     for i, m in enumerate(body.messages):
         content = m.content
@@ -694,7 +695,7 @@ def _chat_ids(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:
             f"last message must be the user's, got {messages[-1]['role']!r}",
             param=f"messages.{len(messages) - 1}.role",
         )
-    try:  # the same rules as `lmlab.core.backends.LocalBackend`, so both sides of the API see one prompt
+    try:  # the same rules as `lmlab.core.execution.backends.LocalBackend`, so both sides of the API see one prompt
         text = render_chat(tokenizer, messages)
     except Exception as e:  # noqa: BLE001 - a template's own refusal (e.g. roles must alternate)
         raise APIError(400, f"Invalid value for 'messages': the chat template failed: {e}",
@@ -828,7 +829,8 @@ def serve(
     threads: int | None = None,
     log_level: str = "info",
 ) -> None:
-    """Load `model_spec` (`lmlab.core.models.load_model`), start its `Scheduler` and serve it with uvicorn until
+    """Load `model_spec` (`lmlab.core.inference.models.load_model`), start its `Scheduler` and serve it with uvicorn
+    until
     interrupted.
 
     Args:
@@ -842,7 +844,7 @@ def serve(
     """
     import uvicorn
 
-    from lmlab.core.models import load_model
+    from lmlab.core.inference.models import load_model
     from lmlab.serve.scheduler import Scheduler
 
     model, tokenizer = load_model(model_spec, dtype=dtype, device=device, threads=threads)

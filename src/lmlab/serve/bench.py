@@ -158,7 +158,7 @@ def run_level(
 
 
 def _gguf_for(model_spec: str) -> str | None:
-    from lmlab.core.models import assemble_gemma3_gguf, canonical_alias, resolve_model, smollm2_gguf
+    from lmlab.core.inference.models import assemble_gemma3_gguf, canonical_alias, resolve_model, smollm2_gguf
 
     alias = canonical_alias(model_spec)
     try:

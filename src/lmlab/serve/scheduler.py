@@ -5,7 +5,8 @@ One worker thread owns the model. Each loop turn it
 1. takes new requests from the queue (at most ``max_batch`` sequences decode together; the rest wait),
 2. prefills each new prompt on its own batch-1 cache (all positions' logits when the request wants the prompt's
    log-probs, OpenAI's ``echo``) and picks its first token,
-3. regroups the running rows and the new ones into one right-aligned cache (`lmlab.core.engine.batching.regroup`:
+3. regroups the running rows and the new ones into one right-aligned cache
+(`lmlab.core.inference.engine.batching.regroup`:
    keys are copied, never recomputed, and keep their rope positions),
 4. runs one batched forward ``[B, 1] -> [B, vocab]`` for every running row and picks each row's next token with
    that row's own sampler (temperature, top-p, a private seeded `torch.Generator`),
@@ -14,9 +15,10 @@ One worker thread owns the model. Each loop turn it
 So a request that arrives mid-decode waits at most one step plus its own prefill, and B concurrent requests share
 each weight read (decode is memory-bound: B rows cost little more than one). Requests that ask for an lmlab
 decoding strategy (`GenRequest.strategy`), and every request under ``engine="hf"`` (no batched cache there), run
-one at a time on the same worker through `lmlab.core.generation.decode`.
+one at a time on the same worker through `lmlab.core.inference.generation.decode`.
 
-Log-probs are those of the raw model distribution (temperature 1, before top-p), as `lmlab.core.scoring` computes
+Log-probs are those of the raw model distribution (temperature 1, before top-p), as `lmlab.core.inference.scoring`
+computes
 them; a chosen token's log-prob is its entry there.
 """
 
@@ -34,7 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lmlab.core.generation import penalize
+from lmlab.core.inference.generation import penalize
 
 logger = logging.getLogger(__name__)
 
@@ -285,8 +287,8 @@ class Scheduler:
         max_context: int = 4096,
         eos_token_id: int | Sequence[int] | None = None,
     ) -> None:
-        from lmlab.core.engine import parse_engine
-        from lmlab.core.generation import _eos_ids, resolve_engine
+        from lmlab.core.inference.engine import parse_engine
+        from lmlab.core.inference.generation import _eos_ids, resolve_engine
 
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -438,7 +440,7 @@ class Scheduler:
 
     def _choose(self, row: _Row, logits: torch.Tensor) -> int:
         """The next token for `row` from its (vocab,) logits: argmax at temperature 0, else a seeded sample."""
-        from lmlab.core.generation import filter_logits
+        from lmlab.core.inference.generation import filter_logits
 
         req = row.request
         logits = penalize(logits, [t.token_id for t in row.tokens], req.frequency_penalty, req.presence_penalty)
@@ -507,7 +509,7 @@ class Scheduler:
 
     def _admit(self, handles: Sequence[Handle]) -> None:
         """Prefill each new request alone, pick its first token, and join it to the running batch."""
-        from lmlab.core.engine.batching import regroup
+        from lmlab.core.inference.engine.batching import regroup
 
         joined = []
         for h in handles:
@@ -561,7 +563,7 @@ class Scheduler:
             self._regroup([i for i in range(len(rows)) if i not in done])
 
     def _regroup(self, keep: Sequence[int]) -> None:
-        from lmlab.core.engine.batching import regroup
+        from lmlab.core.inference.engine.batching import regroup
 
         rows = [self._rows[i] for i in keep]
         cache = regroup([(self._cache, keep)]) if keep else None
@@ -570,14 +572,14 @@ class Scheduler:
 
     def _run_alone(self, handle: Handle) -> None:
         """A request that does not batch: an lmlab strategy, or any request on the HF engine."""
-        from lmlab.core.generation import Stop, decode
+        from lmlab.core.inference.generation import Stop, decode
 
         req, row = handle.request, self._new_row(handle)
         if handle.cancelled.is_set():
             self._finish(row, reason="cancelled")
             return
         if req.echo_logprobs:
-            from lmlab.core.scoring import _device
+            from lmlab.core.inference.scoring import _device
 
             ids = torch.tensor([list(req.prompt_ids)], dtype=torch.long, device=_device(self.model))
             with torch.no_grad():

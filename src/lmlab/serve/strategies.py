@@ -81,7 +81,7 @@ def _run_reflection_window(p: ReflectionWindowParams, model: Any, tokenizer: Any
 
 
 def _run_beam_search(p: BeamSearchParams, model: Any, tokenizer: Any, req: Any) -> StrategyOutput:
-    from lmlab.core.generation import _eos_ids, hf_generate
+    from lmlab.core.inference.generation import _eos_ids, hf_generate
 
     (out,) = hf_generate(
         model,

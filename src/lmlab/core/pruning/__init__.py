@@ -40,9 +40,9 @@ Data, evaluation, saving, speed (`lmlab.core.pruning.evaluate`)
     `token_stream`, `calibration_windows` (seeded random windows) and `eval_windows` (non-overlapping) over the
     `corpus` suite's disjoint splits (train for calibration, dev for validation, test for evaluation); `window_nll`
     (per-window NLL; perplexity = exp(mean)); `save_pruned(model, tokenizer, folder)` (a standard HF folder that
-    `lmlab.core.models.load_model(folder)` loads back); `storage_report` (dense / CSR / bitmask / N:M bytes);
+    `lmlab.core.inference.models.load_model(folder)` loads back); `storage_report` (dense / CSR / bitmask / N:M bytes);
     `csr_plan`, `sparse_copy` and `latency_report`: CSR only where a micro-benchmark shows it wins, timed against
-    dense in the same process with `lmlab.core.timing.compare_timings`. torch's 2:4 semi-structured kernels are
+    dense in the same process with `lmlab.core.stats.timing.compare_timings`. torch's 2:4 semi-structured kernels are
     CUDA-only, so N:M is a mask constraint on CPU.
 """
 

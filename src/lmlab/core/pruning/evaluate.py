@@ -4,12 +4,13 @@
   suite (CPython docstrings), whose train / dev / test splits come from disjoint modules.
 - `window_nll`: mean next-token NLL of each evaluation window (per-window values, so CIs exist); perplexity is
   ``exp(mean NLL)``.
-- `save_pruned`: a standard Hugging Face folder that `lmlab.core.models.load_model(folder)` (and every method's
+- `save_pruned`: a standard Hugging Face folder that `lmlab.core.inference.models.load_model(folder)` (and every
+method's
   ``--model``) loads back.
 - `storage_report`: bytes of the pruned linears as dense fp32, CSR (int32 indices), bitmask and N:M-compressed.
 - `SparseLinear`, `csr_plan`, `sparse_copy`, `latency_report`: a per-layer dispatcher that runs a linear through torch
   CSR only where a micro-benchmark on this machine shows it beats dense, and an interleaved latency comparison
-  (`lmlab.core.timing.compare_timings`) of dense vs dispatched vs all-CSR models in the same process.
+  (`lmlab.core.stats.timing.compare_timings`) of dense vs dispatched vs all-CSR models in the same process.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from lmlab.core.pruning.engine import block_linears, decoder_blocks
 
 
 def token_stream(tokenizer: Any, texts: Sequence[str]) -> torch.Tensor:
-    """(N,) token ids of `texts`, each followed by EOS (`lmlab.core.training.encode_documents`)."""
-    from lmlab.core.training import encode_documents
+    """(N,) token ids of `texts`, each followed by EOS (`lmlab.core.training.pretrain.encode_documents`)."""
+    from lmlab.core.training.pretrain import encode_documents
 
     return encode_documents(tokenizer, texts)
 
@@ -109,10 +110,11 @@ def model_sparsity(model: Any) -> dict[str, Any]:
 def save_pruned(model: Any, tokenizer: Any, folder: str | Path, *, info: dict[str, Any] | None = None) -> Path:
     """Write a pruned model as a plain HF folder (fp32 safetensors, config, tokenizer) plus ``lmlab_pruning.json``.
 
-    The zeros are stored densely (safetensors has no sparse format); `lmlab.core.models.load_model(folder)` and
+    The zeros are stored densely (safetensors has no sparse format); `lmlab.core.inference.models.load_model(folder)`
+    and
     ``lmlab run ID --model folder`` load it back with its sparsity intact.
     """
-    from lmlab.core.models import save_hf_folder
+    from lmlab.core.inference.models import save_hf_folder
 
     folder = Path(folder)
     save_hf_folder(model, tokenizer, folder)
@@ -228,7 +230,7 @@ def _decode_step(model: Any, ids: torch.Tensor) -> Any:
     """One cached decode step at context ``ids.shape[1]``: the prompt is prefilled once into a KV cache (untimed);
     each call feeds one token against that cache and then crops the cache back, so every timed call does the same
     work as a real decode step (attention over the cached context, GEMVs on the weights)."""
-    from lmlab.core.generation import cache_kwargs, crop_cache, new_cache
+    from lmlab.core.inference.generation import cache_kwargs, crop_cache, new_cache
 
     cache = new_cache(model)
     with torch.no_grad():
@@ -251,7 +253,7 @@ def latency_report(
     """Interleaved timings (`compare_timings`) of each model on one cached decode step at a `prefill_tokens`-token
     context ("decode", GEMV-bound: 1 new token against the KV cache) and a `prefill_tokens`-token forward
     ("prefill"); the first model is the baseline of the speedup ratios. Decode tokens/s is ``1 / time``."""
-    from lmlab.core.timing import compare_timings
+    from lmlab.core.stats.timing import compare_timings
 
     first = next(iter(models.values()))
     vocab = first.config.get_text_config().vocab_size if hasattr(first.config, "get_text_config") else 100

@@ -1,7 +1,8 @@
 """The capital-listing task as the decoding area uses it: few-shot shots, step stop markers, and its PRMs.
 
 `rsd` and `spec_search` run on `lmlab.data.capital_steps` (one ``"Country: Capital"`` step per country). What is
-specific to that task lives here, not in `lmlab.core` (which only knows the PRM interface, `lmlab.core.prm.PRM`):
+specific to that task lives here, not in `lmlab.core` (which only knows the PRM interface,
+`lmlab.core.training.prm.PRM`):
 
 - `capital_shots`: solved few-shot examples from the countries *train* split, and `STOP_MARKERS` (from
   `lmlab.data.countries`): the step starts that mean a few-shot model began a new question block.
@@ -13,7 +14,8 @@ specific to that task lives here, not in `lmlab.core` (which only knows the PRM 
 - `ProbePRM`: logistic regression on all-MiniLM-L6-v2 embeddings of the step sentence, trained on a disjoint
   country split (true capitals vs the capital of another country): a small learned PRM.
 
-Each PRM counts its calls and the steps it scored (``calls``, ``steps_scored``, from `lmlab.core.prm.CountingPRM`)
+Each PRM counts its calls and the steps it scored (``calls``, ``steps_scored``, from
+`lmlab.core.training.prm.CountingPRM`)
 and, where it runs a network, a FLOP proxy (``flops``), so experiments can charge PRM cost.
 """
 
@@ -25,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.prm import CountingPRM
+from lmlab.core.training.prm import CountingPRM
 from lmlab.data.countries import STOP_MARKERS, country_record
 from lmlab.data.normalize import contains_answer, normalize
 
@@ -41,9 +43,10 @@ __all__ = [
 
 
 def capital_shots(seed: int = 0, n: int = 2, n_countries: int = 3) -> list[Any]:
-    """Few-shot examples (`lmlab.core.steps.Shot`) for the capital-listing task, from the countries *train* split
+    """Few-shot examples (`lmlab.core.inference.steps.Shot`) for the capital-listing task, from the countries *train*
+    split
     (never a test country)."""
-    from lmlab.core.steps import Shot
+    from lmlab.core.inference.steps import Shot
     from lmlab.data import load
 
     return [Shot(ex.prompt, tuple(ex.target.splitlines())) for ex in load("capital_steps", n, seed=seed, split="train",
@@ -129,7 +132,7 @@ class NoisyOraclePRM(OracleFactPRM):
         self.eps, self.sigma, self.seed = eps, sigma, seed
 
     def score(self, question: str, steps: Sequence[str]) -> list[float]:
-        from lmlab.core.seeding import seeded_rng
+        from lmlab.core.stats.seeding import seeded_rng
 
         clean = super().score(question, steps)
         out = []
@@ -164,7 +167,7 @@ class ProbePRM(CountingPRM):
     @property
     def embedder(self) -> Any:
         if self._embedder is None:
-            from lmlab.core.embed import Embedder
+            from lmlab.core.inference.embed import Embedder
 
             self._embedder = Embedder("minilm")
         return self._embedder
@@ -222,7 +225,7 @@ def fact_training_steps(
     """``"Country: Capital"`` steps with labels: each country of `split` once with its capital (1), with
     `negatives_per_country` capitals of other countries of the split (0), and (`repeat_negatives`) with its own name
     repeated as the capital (0), unless the capital really carries the country's name."""
-    from lmlab.core.seeding import seeded_rng
+    from lmlab.core.stats.seeding import seeded_rng
     from lmlab.data.countries import generate
 
     examples = generate(None, seed, split, task="capital")

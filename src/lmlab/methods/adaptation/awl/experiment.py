@@ -7,7 +7,7 @@ trained on tool traces alone over-rely on tools.
 
 Data. Task-bank train / test splits (`lmlab.data.taskbank`): ``arithmetic`` (1-digit add / sub, 2-digit add,
 2- and 3-digit mul; tool ``calculator[expr]``) and ``geography`` (capitals; tool ``lookup[country, capital]``,
-GeoNames facts). Every training problem's solution comes from running its tool (`lmlab.core.tools`): the tool
+GeoNames facts). Every training problem's solution comes from running its tool (`lmlab.core.execution.tools`): the tool
 trace, and its tool-free rewrite ("386 * 275 = 106150. Answer: 106150"; the paper's teacher rewrite, by template);
 traces whose tool output is graded wrong are dropped.
 
@@ -81,7 +81,7 @@ def _grade(example: Any, text: str) -> float:
 
 
 def _no_tool_answers(model: Any, tok: Any, problems: Sequence[Problem], cfg: Any, ctx: Any, name: str) -> list[str]:
-    from lmlab.core.generation import decode_batch
+    from lmlab.core.inference.generation import decode_batch
 
     prompts = [render_prompt(tok, "no_tools", p.question) for p in problems]
     outs = decode_batch(model, tok, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
@@ -90,7 +90,7 @@ def _no_tool_answers(model: Any, tok: Any, problems: Sequence[Problem], cfg: Any
 
 
 def run(cfg: Any, ctx: Any) -> Any:
-    from lmlab.core.partial import policy_model
+    from lmlab.core.training.partial import policy_model
     from lmlab.data.tools import default_tools
 
     timings: dict[str, float] = {}
@@ -195,7 +195,7 @@ def run(cfg: Any, ctx: Any) -> Any:
         f"the WKL model), {len(test)} held-out; top {cfg.train_layers} of {n_layers} blocks fine-tuned, "
         f"{cfg.stage1_steps} + {cfg.stage2_steps} steps of {cfg.train_batch} (tool-only: "
         f"{cfg.stage1_steps + cfg.stage2_steps}), lr {cfg.lr} cosine; greedy, <= {cfg.max_new_tokens} tokens per "
-        f"turn, <= {cfg.max_turns} turns; tools: {', '.join(tools.names)} (lmlab.core.tools)."
+        f"turn, <= {cfg.max_turns} turns; tools: {', '.join(tools.names)} (lmlab.core.execution.tools)."
     )
     return ctx.finish(_claims(systems))
 
@@ -251,7 +251,7 @@ def _claims(systems: Sequence[str]) -> list[Claim]:
 
 
 def _figure(ctx: Any, cfg: Any, systems: Sequence[str], n: int) -> None:
-    from lmlab.core.plotting import bar_with_ci, title_for
+    from lmlab.core.report.plotting import bar_with_ci, title_for
 
     for metric, label in (("tool_usage_acc", "tool-usage accuracy"), ("acc_no_tools", "no-tool answer accuracy"),
                           ("acc_tools", "tool-available answer accuracy")):  # fmt: skip

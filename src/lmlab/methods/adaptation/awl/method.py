@@ -13,12 +13,13 @@ Paper: Lyu et al., *Adapting While Learning: Grounding LLMs for Scientific Probl
 
 Traces are ReAct-style text (SmolLM2's chat template has no tool schema): ``Action: calculator[12*37]`` /
 ``Observation: 444`` / ``Answer: 444`` for a tool call, ``Action: answer_question`` then the solution for a direct
-answer. Tools run through `lmlab.core.tools` (an AST-whitelisted calculator, a country-fact lookup), never ``eval``.
+answer. Tools run through `lmlab.core.execution.tools` (an AST-whitelisted calculator, a country-fact lookup), never
+``eval``.
 Observations are inputs, not targets: the loss covers the model's own tokens only (the climate code rewrites the
 tool role to ``user`` for the same reason).
 
 This module is pure: data builders, the trace parser, the metric, the SFT step loop over a cached frozen trunk
-(`lmlab.core.partial`, `lmlab.core.lora`) and the batched tool-using decoder; no I/O, no printing.
+(`lmlab.core.training.partial`, `lmlab.core.training.lora`) and the batched tool-using decoder; no I/O, no printing.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmlab.core.tools import ToolBox, ToolCall, parse_call
+from lmlab.core.execution.tools import ToolBox, ToolCall, parse_call
 
 ANSWER_TOOL = "answer_question"
 SETTINGS = ("no_tools", "tools")
@@ -319,7 +320,7 @@ def system_prompt(setting: str, tools: ToolBox | None = None) -> str:
 
 def render_prompt(tokenizer: Any, setting: str, question: str, tools: ToolBox | None = None) -> str:
     """The chat prompt of `question` in `setting` (the tokenizer's chat template with the generation prompt)."""
-    from lmlab.core.scoring import chat_prompt
+    from lmlab.core.inference.scoring import chat_prompt
 
     return chat_prompt(tokenizer, question, system=system_prompt(setting, tools))
 
@@ -332,7 +333,7 @@ def encode_segments(
     Token boundaries are those of the whole text (a segment starts at the common prefix of the encodings of the text
     up to it and of the whole), so training sees the tokens generation would.
     """
-    from lmlab.core.scoring import encode_prompt
+    from lmlab.core.inference.scoring import encode_prompt
 
     full = prompt + "".join(t for t, _ in segments)
     ids = encode_prompt(tokenizer, full)
@@ -362,11 +363,12 @@ def encode_segments(
 
 
 class TraceCache:
-    """Frozen-trunk caches of encoded sequences, one right-padded `lmlab.core.lora.PaddedCache` per group (e.g.
+    """Frozen-trunk caches of encoded sequences, one right-padded `lmlab.core.training.lora.PaddedCache` per group
+    (e.g.
     per kind, so short WKL sequences are not padded to the tool traces' width), with per-token target masks.
 
     Args:
-        trunk (`lmlab.core.partial.FrozenTrunk`): the frozen lower blocks.
+        trunk (`lmlab.core.training.partial.FrozenTrunk`): the frozen lower blocks.
         encoded (`list[tuple[list[int], list[bool]]]`): (ids, target flags) per sequence; its position is its id.
         groups (`list[int]`, *optional*): group of each sequence (default: one group).
         pad_id (`int`): padding token id.
@@ -386,7 +388,7 @@ class TraceCache:
         """Cache more sequences (in new padded groups); returns their ids (continuing the numbering)."""
         import torch
 
-        from lmlab.core.lora import PaddedCache
+        from lmlab.core.training.lora import PaddedCache
 
         if not encoded:
             raise ValueError("TraceCache needs at least one sequence")
@@ -443,17 +445,18 @@ def sft_steps(
 ) -> list[float]:
     """`steps` AdamW steps on `seq_ids` (seeded epochs of permutations, `batch` per step), cosine schedule with
     linear warm-up (LLaMA-Factory's recipe), loss = per-token mean NLL of each sequence's target tokens
-    (`lmlab.core.preference.weighted_sft_loss`, uniform weights) averaged over the batch. Trains `policy` in place.
+    (`lmlab.core.training.preference.weighted_sft_loss`, uniform weights) averaged over the batch. Trains `policy` in
+    place.
 
     Returns:
         `list[float]`: the loss of every step.
     """
     import torch
 
-    from lmlab.core.lora import index_batches
-    from lmlab.core.partial import response_token_logps
-    from lmlab.core.preference import weighted_sft_loss
-    from lmlab.core.training import cosine_lr
+    from lmlab.core.training.lora import index_batches
+    from lmlab.core.training.partial import response_token_logps
+    from lmlab.core.training.preference import weighted_sft_loss
+    from lmlab.core.training.pretrain import cosine_lr
 
     if not len(seq_ids):
         raise ValueError("seq_ids is empty: sft_steps needs at least one sequence to train on")
@@ -513,7 +516,7 @@ class AWLRun:
 
     def full_model(self, model: Any, which: str = "awl") -> Any:
         """A full HF model with the ``awl`` or ``wkl`` top blocks (``generate``, ``save_pretrained``)."""
-        from lmlab.core.partial import policy_model
+        from lmlab.core.training.partial import policy_model
 
         if which not in ("awl", "wkl"):
             raise ValueError(f"which must be 'awl' or 'wkl', got {which!r}")
@@ -551,9 +554,9 @@ def train_awl(
     `grade(example, text) -> float` checks an answer (default: ``lmlab.data.taskbank.grade``); traces whose tool
     output it grades wrong are dropped.
     """
-    from lmlab.core.generation import decode_batch
-    from lmlab.core.partial import FrozenTrunk, policy_model
-    from lmlab.core.seeding import derive_seed
+    from lmlab.core.inference.generation import decode_batch
+    from lmlab.core.stats.seeding import derive_seed
+    from lmlab.core.training.partial import FrozenTrunk, policy_model
 
     grade = grade or _default_grade
     if balance not in ("repeat", "none"):
@@ -604,7 +607,7 @@ def train_awl(
 def train_tool_only(run: AWLRun, *, steps: int, batch: int = 8, lr: float = 5e-4, warmup_ratio: float = 0.1,
                     seed: int = 0) -> tuple[Any, list[float]]:  # fmt: skip
     """The tool-only SFT baseline on `run`'s problems and cache: a fresh top trained on every tool trace."""
-    from lmlab.core.seeding import derive_seed
+    from lmlab.core.stats.seeding import derive_seed
 
     policy = run.trunk.top_k()
     ids = run.ids(make_tool_only_data(run.problems, run.observations))
@@ -666,7 +669,7 @@ def run_with_tools(
     action is a tool call gets the tool's observation appended (`ToolBox.observe`: errors become ``Error: ...``
     lines) and the model continues, for at most `max_turns` turns.
     """
-    from lmlab.core.generation import decode_batch
+    from lmlab.core.inference.generation import decode_batch
 
     if max_turns < 1:
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.results import Claim
 
 PERC, MM, TXT = "perception_acc", "mm_reason_acc", "text_reason_acc"
@@ -63,7 +63,7 @@ def _cached(cfg: Any, key: str, train_fn: Any) -> tuple[dict[str, Any], list[flo
         return state, losses, False
     import os
 
-    from lmlab.core.models import cache_root
+    from lmlab.core.inference.models import cache_root
 
     folder = cache_root() / "cross_modal_merge"
     path = folder / f"{key}.pt"
@@ -299,7 +299,7 @@ def _claims(cfg: Any) -> list[Claim]:
 
 
 def _figures(ctx: Any, cfg: Any, ko_rows: list[dict[str, Any]], norms_v: list[float], norms_r: list[float]) -> None:
-    from lmlab.core.plotting import bar_with_ci, lines, title_for
+    from lmlab.core.report.plotting import bar_with_ci, lines, title_for
 
     for metric, what in ((MM, "multimodal reasoning accuracy"), (PERC, "perception accuracy")):
         rows = [m for m in ctx.metrics if m.metric == metric]

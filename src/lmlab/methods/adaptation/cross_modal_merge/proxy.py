@@ -205,7 +205,7 @@ def train_lora(
     """
     from peft import get_peft_model
 
-    from lmlab.core.lora import index_batches
+    from lmlab.core.training.lora import index_batches
 
     if not items:
         raise ValueError("no training items; expected at least one")

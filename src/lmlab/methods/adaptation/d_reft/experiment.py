@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.methods.adaptation.d_reft.task import (
     CONTINENT_OPTIONS,
     HELDOUT_TEMPLATES,
@@ -66,7 +66,7 @@ def _score(model: Any, handle: Any, items: list[Item], prompts: dict[str, list[i
 def run(cfg: Any, ctx: Any) -> Any:
     import torch
 
-    from lmlab.core.stats import spearman
+    from lmlab.core.stats.uncertainty import spearman
     from lmlab.methods.adaptation.d_reft.method import (
         DLoreftIntervention,
         LoreftIntervention,
@@ -289,7 +289,7 @@ def _claims(cfg: Any, robust: list[str]) -> list[Claim]:
 
 
 def _figures(ctx: Any, cfg: Any, conds: dict, systems: list[str], sigma_points: list[dict], sweep: dict) -> None:
-    from lmlab.core.plotting import lines, quality_vs_compute, title_for
+    from lmlab.core.report.plotting import lines, quality_vs_compute, title_for
 
     by = {(m.system, m.metric): m.value for m in ctx.metrics}
     for system in systems:

@@ -23,7 +23,7 @@ prompt of n tokens (pyreft's ``get_intervention_locations``); with ``share_weigh
 groups, otherwise the first group gets intervention 0 and the last group intervention 1. Positions are computed per
 example from the attention mask, so left and right padding give the same tokens.
 
-Hooks are lmlab's native forward hooks (`lmlab.core.hooks`, point ``blocks.{ℓ}.hook_resid_post`` = pyvene's
+Hooks are lmlab's native forward hooks (`lmlab.core.inference.hooks`, point ``blocks.{ℓ}.hook_resid_post`` = pyvene's
 ``block_output`` of layer ℓ); no pyreft or pyvene dependency. The hook edits only a forward whose sequence length is
 the prompt's (the prompt pass): later decoding steps with a KV cache are left alone, as pyreft does.
 """
@@ -41,8 +41,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmlab.core.hooks import HookPoint, hooks
-from lmlab.core.interventions import LoReFTIntervention
+from lmlab.core.inference.hooks import HookPoint, hooks
+from lmlab.core.inference.interventions import LoReFTIntervention
 
 __all__ = [
     "COMPONENTS",
@@ -59,7 +59,8 @@ __all__ = [
     "train_intervention",
 ]
 
-# pyreft's name for the pointwise baseline; the class lives in lmlab.core.interventions (shared with other methods)
+# pyreft's name for the pointwise baseline; the class lives in lmlab.core.inference.interventions (shared with other
+# methods)
 LoreftIntervention = LoReFTIntervention
 
 COMPONENTS: dict[str, str] = {"block_output": "blocks.{layer}.hook_resid_post"}
@@ -343,7 +344,7 @@ def attach_interventions(
     """Attach `interventions` at ``config``'s layer and component with a native forward hook.
 
     Args:
-        model: a Hugging Face llama-family or gemma3 causal LM (see `lmlab.core.hooks`).
+        model: a Hugging Face llama-family or gemma3 causal LM (see `lmlab.core.inference.hooks`).
         config: the `ReftConfig`.
         interventions: one module (shared by the f and l positions), or ``config.n_interventions`` modules.
 

@@ -8,7 +8,10 @@ from lmlab.config import BaseConfig, check_range, param
 
 IMPORTANCE = ("taylor", "magnitude")
 BALANCING = ("probe", "cosine")
-LOCAL_OPTIMIZERS = ("sgd", "adamw")  # lmlab.core.federated.LOCAL_OPTIMIZERS (not imported: no torch at config time)
+LOCAL_OPTIMIZERS = (
+    "sgd",
+    "adamw",
+)  # lmlab.core.federated.engine.LOCAL_OPTIMIZERS (not imported: no torch at config time)
 SYSTEMS = ("fedavg", "fedprox", "fedicu", "fedicu_cosine", "split_only")
 CLIENT_FAMILIES = ("arithmetic/add", "geography/capital", "strings/reverse", "units/length")
 GENERAL_FAMILIES = ("geography/continent", "geography/iso3", "strings/uppercase")

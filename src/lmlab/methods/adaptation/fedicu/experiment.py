@@ -5,10 +5,11 @@ balancing them by their contribution to global performance, and uploading only i
 federated approaches on both generalization (less forgetting of general capability) and domain adaptation.
 
 Design. One client per task-bank family of `client_families` (non-IID: a domain each). Every system trains the same
-LoRA on the top `train_layers` blocks over a frozen trunk cached once (`lmlab.core.partial`), from the same initial
+LoRA on the top `train_layers` blocks over a frozen trunk cached once (`lmlab.core.training.partial`), from the same
+initial
 adapter per seed, with the same local optimiser, steps and data order; the engine is
-`lmlab.core.federated.simulate` (the Flower apps call the very same functions; `flower_setup` builds this
-experiment for them). Systems: FedAvg (`lmlab.core.federated.FedProx` with μ = 0: FedAvg's server rule with the
+`lmlab.core.federated.engine.simulate` (the Flower apps call the very same functions; `flower_setup` builds this
+experiment for them). Systems: FedAvg (`lmlab.core.federated.engine.FedProx` with μ = 0: FedAvg's server rule with the
 shared local optimiser), FedProx (μ picked from `mu_grid`), FedICU (ρ picked from `rho_grid`; equal tuning budget:
 both picked per seed by the final loss on the server's probe set, dev split), optional ``fedicu_cosine`` (the
 no-server-data fallback) and ``split_only`` (ρ = 1). After the last round: domain accuracy (4-option log-likelihood
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.results import Claim
 
 DACC, FORGET, DRIFT, PROBE = "domain_acc", "general_forgetting", "general_nll_drift", "server_probe_loss"
@@ -67,7 +68,7 @@ def _split(fam: str) -> tuple[str, str]:
 
 def load_bank(load: Callable[..., list[Any]], tok: Any, cfg: Any) -> Bank:
     """The task-bank items of the run through `load(n, split=, domain=, task=, n_choices=)` (`ctx.data` in a run)."""
-    from lmlab.core.sft import encode_sequences
+    from lmlab.core.training.sft import encode_sequences
     from lmlab.data.taskbank import answer_request, choice_requests
 
     def enc(pairs: Sequence[tuple[str, str]]) -> list[tuple[list[int], int]]:
@@ -133,7 +134,7 @@ class Scorer:
         self.task, self.caches, self.bank = task, caches, bank
 
     def _mc(self, name: str, items: list[int], gold: list[int]) -> tuple[list[float], list[float]]:
-        from lmlab.core.lora import answer_scores
+        from lmlab.core.training.lora import answer_scores
 
         nll, _ = answer_scores(self.task.module, self.caches[name])
         per: dict[int, list[float]] = defaultdict(list)
@@ -144,8 +145,8 @@ class Scorer:
         return hits, gold_nll
 
     def probe_loss(self, state: Mapping[str, torch.Tensor]) -> float:
-        from lmlab.core.partial import response_token_logps
-        from lmlab.core.preference import weighted_sft_loss
+        from lmlab.core.training.partial import response_token_logps
+        from lmlab.core.training.preference import weighted_sft_loss
 
         self.task.set_state(state)
         cache = self.caches["probe"]
@@ -174,11 +175,11 @@ def build(cfg: Any, model: Any, tok: Any, bank: Bank) -> Built:
     """The shared trainable LoRA copy of the top blocks, the clients and the scorer (trunk cached once)."""
     from peft import LoraConfig
 
-    from lmlab.core.federated import ClientData, FedTask
-    from lmlab.core.lora import PaddedCache
-    from lmlab.core.partial import FrozenTrunk, response_token_logps
-    from lmlab.core.preference import weighted_sft_loss
-    from lmlab.core.scoring import _pad_id
+    from lmlab.core.federated.engine import ClientData, FedTask
+    from lmlab.core.inference.scoring import _pad_id
+    from lmlab.core.training.lora import PaddedCache
+    from lmlab.core.training.partial import FrozenTrunk, response_token_logps
+    from lmlab.core.training.preference import weighted_sft_loss
 
     n_layers = len(model.model.layers)
     if cfg.train_layers > n_layers:
@@ -221,7 +222,7 @@ def build(cfg: Any, model: Any, tok: Any, bank: Bank) -> Built:
 def make_method(system: str, cfg: Any, *, rho: float | None = None, mu: float | None = None,
                 probe_fn: Callable[[Mapping[str, torch.Tensor]], float] | None = None) -> Any:  # fmt: skip
     """The `FedMethod` of a system name with this config's hyperparameters (every system: the same local steps)."""
-    from lmlab.core.federated import FedProx
+    from lmlab.core.federated.engine import FedProx
     from lmlab.methods.adaptation.fedicu.method import FedICU
 
     common = {"lr": cfg.lr, "local_steps": cfg.local_steps, "local_batch": cfg.local_batch, "grad_clip": cfg.grad_clip,
@@ -248,7 +249,7 @@ def train_seed(i: int, cfg: Any) -> int:
 
 
 def make_setup(built: Built, cfg: Any, method: Any, seed_index: int) -> Any:
-    from lmlab.core.federated import FedSetup
+    from lmlab.core.federated.engine import FedSetup
 
     s = train_seed(seed_index, cfg)
     n = len(built.clients)
@@ -257,7 +258,7 @@ def make_setup(built: Built, cfg: Any, method: Any, seed_index: int) -> Any:
 
 
 def run(cfg: Any, ctx: Any) -> Any:
-    from lmlab.core.federated import simulate
+    from lmlab.core.federated.engine import simulate
 
     model, tok = ctx.load_model()
     bank = load_bank(lambda n, **kw: ctx.data("taskbank", n, **kw), tok, cfg)
@@ -409,7 +410,7 @@ def claims(cfg: Any, systems: Sequence[str]) -> list[Claim]:
 
 
 def _figure(ctx: Any, cfg: Any, names: Sequence[str]) -> None:
-    from lmlab.core.plotting import bar_with_ci, title_for
+    from lmlab.core.report.plotting import bar_with_ci, title_for
 
     for metric, ylabel in ((DACC, "domain accuracy (4 options)"), (DRIFT, "general-probe NLL drift (nats)")):
         rows = [r for r in ctx.metrics if r.metric == metric and r.system in names]
@@ -419,7 +420,7 @@ def _figure(ctx: Any, cfg: Any, names: Sequence[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the Flower apps' setup (lmlab.core.federated.build_setup calls it with the run config)
+# the Flower apps' setup (lmlab.core.federated.engine.build_setup calls it with the run config)
 
 
 def flower_setup(run_config: Mapping[str, Any]) -> Any:
@@ -431,7 +432,7 @@ def flower_setup(run_config: Mapping[str, Any]) -> Any:
     """
     from lmlab import data as lmdata
     from lmlab.config import build_config, config_fields
-    from lmlab.core.models import load_model
+    from lmlab.core.inference.models import load_model
     from lmlab.methods.adaptation.fedicu import SPEC
     from lmlab.methods.adaptation.fedicu.config import FedICUConfig
 

@@ -5,7 +5,7 @@ Models*, ICML 2025 (PMLR 267:37495-37510), official code https://github.com/liao
 Only the abstract was available: what it states is [abstract], the equations below are lmlab's reconstruction
 (spec "fedicu", ``/work/shared/methods/adaptation.md``) and every output says "reconstructed".
 
-Engine convention (`lmlab.core.federated`): Δ = w_global - w_local, the server applies ``w <- w - (update)``.
+Engine convention (`lmlab.core.federated.engine`): Δ = w_global - w_local, the server applies ``w <- w - (update)``.
 
 **Client k, round t** (`FedICU.client_update`), from the global LoRA tensors θ:
 
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.federated import ClientData, FedMethod, Payload, client_weights, local_delta
+from lmlab.core.federated.engine import ClientData, FedMethod, Payload, client_weights, local_delta
 from lmlab.methods.adaptation.fedicu.config import BALANCING, IMPORTANCE
 
 FAITHFUL_LABEL = "FedICU-style (reconstructed)"
@@ -231,7 +231,7 @@ def fedicu_combine(
 
 
 class FedICU(FedMethod):
-    """FedICU-style (reconstructed) as a `lmlab.core.federated.FedMethod` (equations in the module docstring).
+    """FedICU-style (reconstructed) as a `lmlab.core.federated.engine.FedMethod` (equations in the module docstring).
 
     Hyperparameters (they travel in the round config): ``lr``, ``local_steps``, ``local_batch``, ``grad_clip``,
     ``optimizer`` (``adamw``, reset every round), ``rho`` (upload fraction, 0.3), ``importance`` (``taylor`` |

@@ -6,8 +6,9 @@ the accuracy of FedAvg with ~10^6x less upload, and converge in fewer rounds tha
 Design. Families of the task bank (``Q: ...\\nA: <answer>``) minus one held-out "unseen" family; the training items
 are split over `n_clients` clients by a Dirichlet(α) skew over families (`partition`). Every system starts from
 `model` and trains its top `train_layers` blocks plus the final norm over a frozen trunk cached once
-(`lmlab.core.partial`); the same sampled clients, local steps and data order per round for every system. The engine
-is `lmlab.core.federated.simulate` (the Flower apps call the very same functions; `flower_setup` builds this
+(`lmlab.core.training.partial`); the same sampled clients, local steps and data order per round for every system. The
+engine
+is `lmlab.core.federated.engine.simulate` (the Flower apps call the very same functions; `flower_setup` builds this
 experiment for them). Every system gets the same learning-rate search: each multiplier of ``lr_grid`` times its own
 learning rate (the client lr; FedKSeed's η) is a full run, and the run with the lowest answer NLL on dev-split items of
 the seen families is reported (test items never choose).
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.results import Claim
 
 NLL, ACC = "eval_nll", "unseen_acc"
@@ -66,7 +67,7 @@ def _split(fam: str) -> tuple[str, str]:
 
 def load_data(load: Callable[..., list[Any]], tok: Any, cfg: Any) -> FedData:
     """Examples of the task bank through `load(n, split=, domain=, task=, n_choices=)` (`ctx.data` in a run)."""
-    from lmlab.core.sft import encode_sequences
+    from lmlab.core.training.sft import encode_sequences
     from lmlab.data.taskbank import answer_request, choice_requests
 
     train, train_fam, train_ids, evals, eval_ids, eval_fam, dev, dev_ids = [], [], [], [], [], [], [], []
@@ -130,7 +131,7 @@ def partition(families: Sequence[str], n_clients: int, alpha: float, seed: int) 
 def make_method(system: str, cfg: Any, lr_scale: float = 1.0) -> Any:
     """The `FedMethod` of a system name, with this config's hyperparameters and its learning rate (the client lr;
     FedKSeed's η) times `lr_scale` (the equal-budget search of `lr_grid`)."""
-    from lmlab.core.federated import FedAvg
+    from lmlab.core.federated.engine import FedAvg
     from lmlab.methods.adaptation.ferret.method import FedKSeed, Ferret
 
     common = {"lr": cfg.lr * lr_scale, "local_steps": cfg.local_steps, "local_batch": cfg.local_batch,
@@ -165,8 +166,8 @@ class Evaluator:
 
     def item_nll(self, state: Mapping[str, torch.Tensor], cache: Any, n: int) -> list[float]:
         """Per-item answer NLL (per-token mean) of the `n` sequences of `cache` under `state`."""
-        from lmlab.core.partial import response_token_logps
-        from lmlab.core.preference import weighted_sft_loss
+        from lmlab.core.training.partial import response_token_logps
+        from lmlab.core.training.preference import weighted_sft_loss
 
         self.task.set_state(state)
         module = self.task.module
@@ -180,7 +181,7 @@ class Evaluator:
         return nll
 
     def per_item(self, state: Mapping[str, torch.Tensor]) -> tuple[list[float], list[float]]:
-        from lmlab.core.sft import sequence_scores
+        from lmlab.core.training.sft import sequence_scores
 
         nll = self.item_nll(state, self.eval_cache, self.n_eval)
         module = self.task.module
@@ -198,10 +199,10 @@ class Evaluator:
 
 def build_setups(cfg: Any, model: Any, tok: Any, data: FedData, systems: Sequence[str]) -> tuple[dict, Evaluator]:
     """One `FedSetup` per system over one shared trainable copy of the top blocks (each starts from the model)."""
-    from lmlab.core.federated import ClientData, FedSetup, FedTask
-    from lmlab.core.partial import FrozenTrunk, response_token_logps
-    from lmlab.core.preference import weighted_sft_loss
-    from lmlab.core.sft import SeqCache
+    from lmlab.core.federated.engine import ClientData, FedSetup, FedTask
+    from lmlab.core.training.partial import FrozenTrunk, response_token_logps
+    from lmlab.core.training.preference import weighted_sft_loss
+    from lmlab.core.training.sft import SeqCache
 
     n_layers = len(model.model.layers)
     if cfg.train_layers > n_layers:
@@ -228,7 +229,7 @@ def build_setups(cfg: Any, model: Any, tok: Any, data: FedData, systems: Sequenc
 
 
 def run(cfg: Any, ctx: Any) -> Any:
-    from lmlab.core.federated import simulate
+    from lmlab.core.federated.engine import simulate
 
     model, tok = ctx.load_model()
     data = load_data(lambda n, **kw: ctx.data("taskbank", n, **kw), tok, cfg)
@@ -327,7 +328,7 @@ def run(cfg: Any, ctx: Any) -> Any:
 
 
 def _figure(ctx: Any, cfg: Any, curves: Mapping[str, Sequence[float]]) -> None:
-    from lmlab.core.plotting import lines, title_for
+    from lmlab.core.report.plotting import lines, title_for
 
     ctx.add_figure("eval_nll_per_round", lines(list(range(cfg.rounds + 1)), dict(curves),
                                                title=title_for("ferret", str(cfg.model), cfg.seed, None,
@@ -336,7 +337,7 @@ def _figure(ctx: Any, cfg: Any, curves: Mapping[str, Sequence[float]]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the Flower apps' setup (lmlab.core.federated.build_setup calls it with the run config)
+# the Flower apps' setup (lmlab.core.federated.engine.build_setup calls it with the run config)
 
 
 def flower_setup(run_config: Mapping[str, Any]) -> Any:
@@ -348,7 +349,7 @@ def flower_setup(run_config: Mapping[str, Any]) -> Any:
     """
     from lmlab import data as lmdata
     from lmlab.config import build_config, config_fields
-    from lmlab.core.models import load_model
+    from lmlab.core.inference.models import load_model
     from lmlab.methods.adaptation.ferret import SPEC
     from lmlab.methods.adaptation.ferret.config import FerretConfig
 

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.federated import (
+from lmlab.core.federated.engine import (
     ClientData,
     FedMethod,
     Payload,
@@ -56,7 +56,7 @@ from lmlab.core.federated import (
     first_order_delta,
     local_batches,
 )
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.methods.adaptation.ferret.config import ANNEALS, BASES, COORDINATES
 
 SEED_HIGH = 10**11  # candidate seeds are uniform in [1, 10^11) (np.random.randint(1, 100000000000, K))
@@ -244,7 +244,7 @@ def server_lr(round_idx: int, rounds: int, slr_max: float, slr_min: float = 0.0,
 
 
 class Ferret(FedMethod):
-    """Ferret as a `lmlab.core.federated.FedMethod`.
+    """Ferret as a `lmlab.core.federated.engine.FedMethod`.
 
     Hyperparameters (all travel in the round config): ``lr``, ``local_steps``, ``local_batch``, ``grad_clip``,
     ``K``, ``server_lr`` (slr_max), ``slr_min``, ``anneal``, ``rounds`` (for annealing), ``max_norm`` (per-seed clip;

@@ -2,7 +2,8 @@
 
 Pure (no I/O): models, tensors and examples in, values out. A particle's state dict is keyed
 ``<module>.lora_A`` / ``<module>.lora_B`` with ``<module>`` the LoRA layer's path inside the top blocks of a
-`lmlab.core.partial.TopK` (``"0.self_attn.q_proj"`` = the first of the top k blocks); `peft_state` renames it to
+`lmlab.core.training.partial.TopK` (``"0.self_attn.q_proj"`` = the first of the top k blocks); `peft_state` renames it
+to
 peft's ``adapter_model.safetensors`` keys of the full model.
 """
 
@@ -81,13 +82,13 @@ def train_lora_expert(
 ) -> tuple[StateDict, list[float]]:
     """A fresh LoRA (peft's init, drawn after ``torch.manual_seed(init_seed)``, default `seed`) on the top blocks,
     trained `steps` AdamW steps (constant `lr`, batch order from `seed`) on the answer NLL of a
-    `lmlab.core.lora.PaddedCache` of (prompt, answer) sequences. Returns (its state dict, the step losses).
+    `lmlab.core.training.lora.PaddedCache` of (prompt, answer) sequences. Returns (its state dict, the step losses).
 
     Experts that share `init_seed` share their initial A (B starts at 0), so their A and B stay comparable tensor by
     tensor, which is what Model Swarms' separate A / B algebra assumes."""
-    from lmlab.core.lora import index_batches, train_steps
-    from lmlab.core.partial import response_token_logps
-    from lmlab.core.preference import weighted_sft_loss
+    from lmlab.core.training.lora import index_batches, train_steps
+    from lmlab.core.training.partial import response_token_logps
+    from lmlab.core.training.preference import weighted_sft_loss
 
     torch.manual_seed(seed if init_seed is None else init_seed)
     policy = trunk.top_k(train_norm=False, lora=lora_config)
@@ -108,9 +109,9 @@ class ChoiceSet:
     option is a (prompt, " " + option) sequence of one `PaddedCache`."""
 
     def __init__(self, trunk: Any, tokenizer: Any, examples: Sequence[Any]) -> None:
-        from lmlab.core.lora import PaddedCache
-        from lmlab.core.scoring import _pad_id
-        from lmlab.core.sft import encode_sequences
+        from lmlab.core.inference.scoring import _pad_id
+        from lmlab.core.training.lora import PaddedCache
+        from lmlab.core.training.sft import encode_sequences
         from lmlab.data.taskbank import choice_requests
 
         if not examples:
@@ -130,7 +131,7 @@ class ChoiceSet:
 
     def correct(self, topk: Any) -> list[float]:
         """1.0 per item whose gold option has the highest summed log-likelihood under `topk` (first on ties)."""
-        from lmlab.core.lora import answer_scores
+        from lmlab.core.training.lora import answer_scores
 
         nll, _ = answer_scores(topk, self.cache)
         out = []

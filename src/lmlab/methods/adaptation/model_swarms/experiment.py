@@ -6,7 +6,8 @@ examples and beats 12 model-composition baselines by up to 21%.
 
 Design. Experts: one LoRA per task-bank family of `experts` (default: add, sub, mul, unit length / mass, letter
 count, continent, capital), trained briefly on its train split; the LoRA sits on the top `train_layers` blocks over
-a frozen trunk cached once (`lmlab.core.partial`, `lmlab.core.lora`). Objective: log-likelihood multiple-choice
+a frozen trunk cached once (`lmlab.core.training.partial`, `lmlab.core.training.lora`). Objective: log-likelihood
+multiple-choice
 accuracy on `dev_items` dev items of `target` (default ``arithmetic/two_step``: two-step problems, a task no
 expert saw); every system is reported on `test_items` test items. Searchers and their utility evaluations:
 the swarm uses B (its initial particles plus N per iteration until patience or `max_iteration`); random search
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.methods.adaptation.model_swarms.config import GRIDS, parse_family
 from lmlab.results import Claim
 
@@ -88,7 +89,7 @@ def _cached_expert(cfg: Any, key: str, train_fn: Any) -> tuple[dict[str, Any], l
 
     from safetensors.torch import load_file, save_file
 
-    from lmlab.core.models import cache_root
+    from lmlab.core.inference.models import cache_root
 
     folder = cache_root() / "model_swarms" / "experts"
     path = folder / f"{key}.safetensors"
@@ -111,10 +112,10 @@ def _best_so_far(history: list[float]) -> list[float]:
 def run(cfg: Any, ctx: Any) -> Any:
     from peft import LoraConfig
 
-    from lmlab.core.lora import PaddedCache
-    from lmlab.core.partial import FrozenTrunk
-    from lmlab.core.scoring import _pad_id
-    from lmlab.core.sft import encode_sequences
+    from lmlab.core.inference.scoring import _pad_id
+    from lmlab.core.training.lora import PaddedCache
+    from lmlab.core.training.partial import FrozenTrunk
+    from lmlab.core.training.sft import encode_sequences
     from lmlab.data.taskbank import answer_request
     from lmlab.methods.adaptation.model_swarms.adapters import ChoiceSet, LoraSlot, train_lora_expert
     from lmlab.methods.adaptation.model_swarms.method import (
@@ -261,7 +262,7 @@ def run(cfg: Any, ctx: Any) -> Any:
     _figures(ctx, cfg, counters, budget)
 
     if cfg.save_model:
-        from lmlab.core.partial import merge_back
+        from lmlab.core.training.partial import merge_back
 
         full = merge_back(copy.deepcopy(model), slot.load(res.global_best))
         full.save_pretrained(cfg.save_model)
@@ -302,7 +303,7 @@ def claims() -> list[Claim]:
 
 
 def _figures(ctx: Any, cfg: Any, counters: dict[str, Any], budget: int) -> None:
-    from lmlab.core.plotting import bar_with_ci, lines, title_for
+    from lmlab.core.report.plotting import bar_with_ci, lines, title_for
 
     rows = [m for m in ctx.metrics if m.metric == TEST]
     n = rows[0].n if rows else None

@@ -6,7 +6,8 @@ to sub-optimal, especially *smaller*, learning rates; the noise B0A0 adds to W0 
 Design. Task: the task bank's ``geography/<task>`` (default ISO-3 codes: "Q: What is the ISO 3166-1 alpha-3 code of
 Togo?\\nA: TGO"), train split for training, test split for scoring, dev split to pick each init's best lr (the
 same grid for every init: equal tuning budget). A LoRA (r, α, `target_modules`) on the top `train_layers` blocks of
-`model`; the trunk below is frozen and cached once (`lmlab.core.partial`), so a run costs k blocks, not 30. Each
+`model`; the trunk below is frozen and cached once (`lmlab.core.training.partial`), so a run costs k blocks, not 30.
+Each
 run: a fresh LoRA, `init` applied by `method.init_lora`, `steps` AdamW steps at a constant lr on the seed's batches
 (identical for every init and lr of that seed), then the held-out answer NLL (teacher forcing, summed over the
 answer's tokens) and greedy exact match (argmax at every answer token) of every test item.
@@ -28,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.lora import PaddedCache, answer_scores, index_batches  # noqa: F401 (moved; re-exported)
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
+from lmlab.core.training.lora import PaddedCache, answer_scores, index_batches  # noqa: F401 (moved; re-exported)
 from lmlab.results import Claim
 
 NLL, EM = "eval_nll", "eval_em"
@@ -54,17 +55,17 @@ def load_items(ctx: Any, cfg: Any) -> tuple[list[Any], list[Any], list[Any]]:
     return train, dev, test
 
 
-# moved to lmlab.core.lora (shared with model_swarms); the names stay importable from here
+# moved to lmlab.core.training.lora (shared with model_swarms); the names stay importable from here
 _batches = index_batches
 
 
 def run(cfg: Any, ctx: Any) -> Any:
     from peft import LoraConfig
 
-    from lmlab.core.partial import FrozenTrunk, response_token_logps
-    from lmlab.core.preference import weighted_sft_loss
-    from lmlab.core.scoring import _pad_id
-    from lmlab.core.sft import encode_sequences
+    from lmlab.core.inference.scoring import _pad_id
+    from lmlab.core.training.partial import FrozenTrunk, response_token_logps
+    from lmlab.core.training.preference import weighted_sft_loss
+    from lmlab.core.training.sft import encode_sequences
     from lmlab.data.taskbank import answer_request
     from lmlab.methods.adaptation.nonzero_lora.method import lora_layers, lr_sweep
 
@@ -241,7 +242,7 @@ def claims(cfg: Any, lrs: list[float], best: dict[str, float]) -> list[Claim]:
 
 
 def _figure(ctx: Any, cfg: Any, table: list[dict[str, Any]], lrs: list[float]) -> None:
-    from lmlab.core.plotting import lines, title_for
+    from lmlab.core.report.plotting import lines, title_for
 
     series = {m: [next(r["eval_nll"] for r in table if r["init"] == m and r["lr"] == lr) for lr in lrs]
               for m in cfg.inits}  # fmt: skip

@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-# moved to lmlab.core.lora (shared with model_swarms); the names stay importable from here
-from lmlab.core.lora import adamw as _adamw  # noqa: F401
-from lmlab.core.lora import train_steps
+# moved to lmlab.core.training.lora (shared with model_swarms); the names stay importable from here
+from lmlab.core.training.lora import adamw as _adamw  # noqa: F401
+from lmlab.core.training.lora import train_steps
 
 INIT_MODES: tuple[str, ...] = ("zero", "nz", "nz_reset")
 B_FANS: tuple[str, ...] = ("in", "out")

@@ -10,7 +10,7 @@ responses of graded quality: ``concise`` (correct fact), ``verbose`` (correct + 
 (correct, hedged), ``wrong`` (another country's fact, concise), ``wrong_styled`` (a wrong fact in a chatty style an
 instruct model tends to like) and ``off_topic``. Correctness is the suite's exact grader (`countries.grade`).
 
-- The human is `lmlab.core.annotator.GroundTruthAnnotator` with the hidden utility
+- The human is `lmlab.core.training.annotator.GroundTruthAnnotator` with the hidden utility
   ``U = 2 correct + 0.5 concise - 0.5 hedged``; it labels the test pairs (held out, uncounted, never seen by
   selection) and nothing else (budget 0).
 - The explicit reward model (the paper's ArmoRM) is ``r_ex = U + N(0, reward_noise)``, one draw per response:
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.seeding import derive_seed, seeded_rng
+from lmlab.core.stats.seeding import derive_seed, seeded_rng
 from lmlab.methods.alignment.alignment_potential.method import (
     implicit_margin,
     metric_scores,
@@ -368,10 +368,10 @@ def _load_examples(ctx: Any, cfg: Any, split: str) -> dict[str, list[Any]]:
 def run(cfg: Any, ctx: Any) -> Any:
     import torch
 
-    from lmlab.core.annotator import GroundTruthAnnotator
-    from lmlab.core.partial import FrozenTrunk
-    from lmlab.core.plotting import bar_with_ci, title_for
-    from lmlab.core.scoring import has_chat_template
+    from lmlab.core.inference.scoring import has_chat_template
+    from lmlab.core.report.plotting import bar_with_ci, title_for
+    from lmlab.core.training.annotator import GroundTruthAnnotator
+    from lmlab.core.training.partial import FrozenTrunk
     from lmlab.methods.alignment.alignment_potential.method import encode_pairs, score_pairs, train_preference
 
     if "map" not in set(cfg.selections) | set(cfg.simpo_selections):

@@ -17,9 +17,11 @@ be trained, beta dropped (the z-score removes it). ``w = 1`` is metric ``rm-logp
 implicit margins) and ``rand`` (``np.random.choice`` after ``np.random.seed(42)``).
 
 The module also holds the CPU training kit the reproduction uses: pairs encoded once through a frozen trunk
-and their response log-probs from the top k blocks with the LM head on response positions only (`lmlab.core.pairs`:
+and their response log-probs from the top k blocks with the LM head on response positions only
+(`lmlab.core.training.pairs`:
 `encode_pairs`, `response_logps`, `score_pairs`, re-exported here), and DPO / SimPO on a kept subset of them
-(`train_preference`, losses from `lmlab.core.preference`). Everything here is pure: tensors and arrays in, values out.
+(`train_preference`, losses from `lmlab.core.training.preference`). Everything here is pure: tensors and arrays in,
+values out.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from lmlab.core.pairs import (  # the generic pair kit, re-exported here (names kept importable)
+from lmlab.core.training.pairs import (  # the generic pair kit, re-exported here (names kept importable)
     PairCache,
     PairScores,
     chat_texts,  # noqa: F401
@@ -42,8 +44,8 @@ from lmlab.core.pairs import (  # the generic pair kit, re-exported here (names 
     score_pairs,  # noqa: F401
     slice_cache,
 )
-from lmlab.core.partial import FrozenTrunk, TopK
-from lmlab.core.preference import dpo_loss, pair_logps, simpo_loss
+from lmlab.core.training.partial import FrozenTrunk, TopK
+from lmlab.core.training.preference import dpo_loss, pair_logps, simpo_loss
 
 METRICS = ("rm-logp", "rm-xlogp", "rm_margin", "logp_margin_norm_abs")
 REDUCTIONS = ("mean", "sum")

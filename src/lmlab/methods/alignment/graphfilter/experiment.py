@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.seeding import derive_seed
-from lmlab.core.sft import CACHE_CHUNK, SeqCache, sequence_scores, sft_top_k  # noqa: F401 (moved)
+from lmlab.core.stats.seeding import derive_seed
+from lmlab.core.training.sft import CACHE_CHUNK, SeqCache, sequence_scores, sft_top_k  # noqa: F401 (moved)
 from lmlab.methods.alignment.graphfilter.method import (
     build_ngram_graph,
     format_prompt,
@@ -202,7 +202,7 @@ def subpool(pool: Sequence[Item], size: int, seed: int) -> list[int]:
 
 
 def _encode_pairs(tok: Any, pairs: Sequence[tuple[str, str]]) -> list[tuple[list[int], int]]:
-    from lmlab.core.scoring import split_pair
+    from lmlab.core.inference.scoring import split_pair
 
     out = []
     for prompt, resp in pairs:
@@ -220,8 +220,8 @@ def _embed(cfg: Any, ctx: Any, texts: list[str]) -> tuple[np.ndarray, float]:
 
         x = HashingVectorizer(n_features=512, ngram_range=(1, 2), alternate_sign=False).transform(texts).toarray()
         return x, time.perf_counter() - t0
-    from lmlab.core.embed import Embedder
-    from lmlab.core.models import model_info
+    from lmlab.core.inference.embed import Embedder
+    from lmlab.core.inference.models import model_info
 
     emb = Embedder("minilm")
     ctx.models["minilm"] = model_info(emb.model)
@@ -258,7 +258,7 @@ def _coverage(graph: Any, rows: Sequence[int]) -> float:
 
 
 def run(cfg: Any, ctx: Any) -> Any:
-    from lmlab.core.partial import FrozenTrunk
+    from lmlab.core.training.partial import FrozenTrunk
 
     systems = [s for s in cfg.systems]
     banks = {f.name: _value_bank(f, cfg.seed) for f in FAMILIES}
@@ -457,7 +457,7 @@ def _accuracy_claims(systems: Sequence[str]) -> list[Claim]:
 
 
 def _figure(ctx: Any, cfg: Any, systems: Sequence[str]) -> None:
-    from lmlab.core.plotting import bar_with_ci, title_for
+    from lmlab.core.report.plotting import bar_with_ci, title_for
 
     rows = [m for m in ctx.metrics if m.metric == "macro_acc" and m.system in systems]
     ctx.add_figure("macro_acc", bar_with_ci(rows, title=title_for("graphfilter", str(cfg.model), cfg.seed,

@@ -481,7 +481,7 @@ def response_nll_alone(model: Any, tokenizer: Any, responses: Sequence[str], *, 
     a BOS token predicts every token from it). NaN for a response with a single token."""
     import torch
 
-    from lmlab.core.scoring import _left_pad, encode, token_logprobs
+    from lmlab.core.inference.scoring import _left_pad, encode, token_logprobs
 
     rows = [encode(tokenizer, r) for r in responses]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
@@ -510,14 +510,14 @@ def ifd_scores(
 ) -> IFDScores:
     """SuperFilter IFD of (instruction, response) pairs with a (small) causal LM.
 
-    PPL(y | x) scores the response after ``template.format(instruction=x)`` (boundary: `lmlab.core.scoring.
+    PPL(y | x) scores the response after ``template.format(instruction=x)`` (boundary: `lmlab.core.inference.scoring.
     split_pair`), PPL(y) the response alone (`response_nll_alone`). Example:
         >>> s = ifd_scores(model, tok, ["What is 2+2?"], ["The answer is 4."])
         >>> quality = quality_from_ifd(s.ifd)         # IFD >= 1 filtered, higher selected
     """
     import torch
 
-    from lmlab.core.preference import seq_logprobs
+    from lmlab.core.training.preference import seq_logprobs
 
     instructions, responses = list(instructions), list(responses)
     if len(instructions) != len(responses):

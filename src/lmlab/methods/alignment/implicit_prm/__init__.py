@@ -1,6 +1,6 @@
 """Implicit PRM (Yuan et al., ICML 2025): an outcome RM r = beta log(pi/pi_ref) whose log-ratios are step rewards."""
 
-from lmlab.core.prm import register_prm_loader
+from lmlab.core.training.prm import register_prm_loader
 from lmlab.registry import MethodSpec, lazy_exports, register_method
 
 SPEC = register_method(

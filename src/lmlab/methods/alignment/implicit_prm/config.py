@@ -31,7 +31,7 @@ class ImplicitPRMConfig(BaseConfig):
         min_ops, max_ops (`int`, defaults to 3 and 4): operations per problem (one step each, then the answer).
         mc_rollouts (`int`, defaults to 4): Math-Shepherd completions per step prefix (the explicit-PRM baseline).
         orm_loss (`str`, defaults to ``"bt"``): the outcome RM's objective: Bradley-Terry on correct x incorrect
-            pairs of a question (`lmlab.core.preference.bradley_terry_loss`).
+            pairs of a question (`lmlab.core.training.preference.bradley_terry_loss`).
         output (`str`, defaults to ``"value"``): what the saved PRM's ``score`` returns for rsd / spec_search:
             ``sigmoid(q_s)`` (``value``) or ``sigmoid(r_s)`` (``step``).
         save_dir (`str`, *optional*): save the headline implicit PRM there (use it with ``--set prm=implicit:DIR``).

@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.partial import FrozenTrunk
-from lmlab.core.plotting import bar_with_ci, title_for
-from lmlab.core.seeding import derive_seed
+from lmlab.core.report.plotting import bar_with_ci, title_for
+from lmlab.core.stats.seeding import derive_seed
+from lmlab.core.training.partial import FrozenTrunk
 from lmlab.methods.alignment.implicit_prm.method import (
     ImplicitPRM,
     aggregate,

@@ -4,16 +4,18 @@
 
 1. Parameterise the outcome reward as the summed token log-ratio of a trainable policy pi_theta and its frozen
    initialisation pi_ref, and train it on response-level labels only (final answer correct or not): with the
-   cross-entropy ``-(l log sig(r) + (1-l) log(1 - sig(r)))`` (`lmlab.core.preference.implicit_prm_ce_loss`) or
-   DPO on (correct, incorrect) pairs of the same question (`lmlab.core.preference.dpo_loss`).
+   cross-entropy ``-(l log sig(r) + (1-l) log(1 - sig(r)))`` (`lmlab.core.training.preference.implicit_prm_ce_loss`) or
+   DPO on (correct, incorrect) pairs of the same question (`lmlab.core.training.preference.dpo_loss`).
 2. Proposition 3.1: ``q_t = sum_{i<=t} beta log pi_theta(y_i|y_<i) / pi_ref(y_i|y_<i)`` is a soft Q-value, so the
    process reward of step s is ``r_s = q_{end(s)} - q_{end(s-1)}``, the summed log-ratio of the step's tokens
-   (`lmlab.core.preference.implicit_step_rewards`). The step rewards sum to the outcome reward by construction.
+   (`lmlab.core.training.preference.implicit_step_rewards`). The step rewards sum to the outcome reward by
+   construction.
 3. Best-of-N scores each candidate by an aggregate of its step rewards: ``min`` (the paper's [verify]), ``sum``
    (= the outcome reward) or ``last`` (q of the last step, the same as ``sum`` here); a weighted majority vote sums
    ``sigmoid(score)`` over candidates that share a final answer.
 
-Training uses `lmlab.core.partial`: the lower ``L-k`` blocks run once under ``no_grad`` (`FrozenTrunk`); pi_theta is
+Training uses `lmlab.core.training.partial`: the lower ``L-k`` blocks run once under ``no_grad`` (`FrozenTrunk`);
+pi_theta is
 a trainable copy of the top ``k`` blocks and the final norm; pi_ref is the model's own top ``k`` blocks on the same
 cache, so the reference costs k blocks. The LM head runs on response positions only (it costs ~8 SmolLM2 blocks per
 token). The baselines share the machinery: `ValueModel` is a scalar head on a trainable top-k copy (an outcome RM
@@ -35,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmlab.core.partial import FrozenTrunk, TopK, TrunkCache, response_token_logps
-from lmlab.core.preference import (
+from lmlab.core.training.partial import FrozenTrunk, TopK, TrunkCache, response_token_logps
+from lmlab.core.training.preference import (
     ResponseBatch,
     SeqLogps,
     bradley_terry_loss,
@@ -47,7 +49,7 @@ from lmlab.core.preference import (
     logps_from_token_logps,
     step_token_ends,
 )
-from lmlab.core.prm import CountingPRM
+from lmlab.core.training.prm import CountingPRM
 
 LOSSES = ("ce", "dpo")
 BALANCES = ("none", "dataset", "instruction")
@@ -202,7 +204,8 @@ def prepare(
 def response_logps(topk: TopK, cache: TrunkCache, enc: Encoded) -> SeqLogps:
     """Response-token log-probs of a cached batch under `topk` (pi_theta with grad, or the frozen pi_ref).
 
-    Same numbers as `lmlab.core.partial.token_logps_from_cache` masked to the response, but the LM head runs on the
+    Same numbers as `lmlab.core.training.partial.token_logps_from_cache` masked to the response, but the LM head runs
+    on the
     response positions only.
     """
     tm = enc.batch.target_mask  # (B, T-1): position t predicts response token t+1
@@ -496,7 +499,8 @@ class ImplicitPRM(CountingPRM):
         template (`str`, defaults to ``"{question}\\n"``): the prompt text around the question.
         output (`str`, defaults to ``"value"``): what `score` returns: ``"value"`` = ``sigmoid(q_s)`` (the soft
             Q-value as a probability; CE trains ``sigmoid(r)`` to be P(correct)), ``"step"`` = ``sigmoid(r_s)``.
-        base_model (`str`, *optional*): the spec `lmlab.core.models.load_model` loads the base model from (needed
+        base_model (`str`, *optional*): the spec `lmlab.core.inference.models.load_model` loads the base model from
+        (needed
             by `save`).
     """
 
@@ -557,7 +561,7 @@ class ImplicitPRM(CountingPRM):
         """pi_theta as a full Hugging Face model (a copy; ``save_pretrained`` it to share the PRM's policy)."""
         import copy
 
-        from lmlab.core.partial import merge_back
+        from lmlab.core.training.partial import merge_back
 
         return merge_back(copy.deepcopy(self.model), self.policy)
 
@@ -590,7 +594,7 @@ class ImplicitPRM(CountingPRM):
 
 
 def _flop_params(model: Any) -> int:
-    from lmlab.core.models import flop_params
+    from lmlab.core.inference.models import flop_params
 
     return flop_params(model)
 
@@ -613,7 +617,7 @@ def load_implicit_prm(folder: str | Path, *, model: Any = None, tokenizer: Any =
     if meta.get("kind") != "implicit_prm" or meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{cfg_path} is not an implicit PRM of format {FORMAT_VERSION}: {meta.get('kind')!r}")
     if model is None or tokenizer is None:
-        from lmlab.core.models import load_model
+        from lmlab.core.inference.models import load_model
 
         model, tokenizer = load_model(meta["base_model"], device=device, dtype=dtype)
     trunk = FrozenTrunk(model, int(meta["k"]))
@@ -652,7 +656,7 @@ def train_implicit_prm(
     Args:
         questions, steps, labels: one row per response (its question, its steps, 1.0 if its final answer is
             correct); groups: question id per row (default: the question text), rows of one question consecutive.
-        loss, beta, balance: see `train_implicit`; k: trainable top blocks (`lmlab.core.partial`).
+        loss, beta, balance: see `train_implicit`; k: trainable top blocks (`lmlab.core.training.partial`).
 
     Example:
         >>> prm = train_implicit_prm(model, tok, qs, steps, labels, k=4, base_model="smollm2-135m")

@@ -4,7 +4,7 @@ Data: capital questions from the `countries` suite (train split: weight search, 
 test split: every reported number), each with `n_candidates` templated answers scored by three conflicting rule
 objectives (`task.py`: correct / concise / detail), z-normalised with the train candidates' statistics. The
 reference pi_ref(y|x) is the model's sequence probability renormalised over a prompt's candidates, scored through
-the frozen trunk (`lmlab.core.partial.FrozenTrunk`, whose reference top blocks are the model's own).
+the frozen trunk (`lmlab.core.training.partial.FrozenTrunk`, whose reference top blocks are the model's own).
 
 1. Exact level (the quick preset). Single policies ``pi_k ∝ pi_ref exp(z_k / beta)``. MPO weights by batch
    stochastic mirror descent on the train prompts; the exact regularised MaxMin optimum lambda* by cutting-plane
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.plotting import bar_with_ci, lines, title_for
-from lmlab.core.seeding import derive_seed
+from lmlab.core.report.plotting import bar_with_ci, lines, title_for
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.methods.alignment.mpo import method as M
 from lmlab.methods.alignment.mpo.task import OBJECTIVES, STOP, build_item, grade_text, make_country, usable
 from lmlab.results import Claim
@@ -70,7 +70,7 @@ def _cache(ctx: Any, cfg: Any, trunk: Any, tok: Any, items: list[Any], desc: str
     """Prompt groups of `group_prompts` prompts x all candidates, run through the trunk once; reference log-probs."""
     import torch
 
-    from lmlab.core.preference import build_response_batch
+    from lmlab.core.training.preference import build_response_batch
 
     groups = []
     for s in ctx.progress(range(0, len(items), cfg.group_prompts), desc):
@@ -150,7 +150,7 @@ def _weights_row(name: str, w: np.ndarray, note: str = "") -> dict[str, Any]:
 
 
 def run(cfg: Any, ctx: Any) -> Any:
-    from lmlab.core.partial import FrozenTrunk, _parts
+    from lmlab.core.training.partial import FrozenTrunk, _parts
 
     t0 = time.perf_counter()
     model, tok = ctx.load_model()
@@ -451,7 +451,7 @@ def _trained_level(cfg, ctx, model, tok, trunk, train, test, g_train, g_test, re
 
 def _generation(cfg, ctx, model, tok, policies, trunk, items, lam, soup_w, mu, sd, claims, summary) -> None:
     """Free generation with token-level log-linear mixing, graded by the rule objectives (not gating)."""
-    from lmlab.core.scoring import chat_prompt
+    from lmlab.core.inference.scoring import chat_prompt
 
     t0 = time.perf_counter()
     models = [M.policy_model(model, p) for p in policies]

@@ -25,7 +25,8 @@ Everything here works on finite candidate sets: per prompt a row of candidate re
 On such a set the regularised MaxMin optimum is computed exactly by Kelley's cutting-plane method (each cut an LP
 solved by `scipy.optimize.linprog`, giving certified lower and upper bounds), and the unregularised MaxMin value
 (beta -> 0) is one LP. The torch half: DPO training of a single-objective policy on the frozen trunk's cached
-candidates (`lmlab.core.partial`, `lmlab.core.preference.dpo_loss`), parameter averaging of trained top-k blocks
+candidates (`lmlab.core.training.partial`, `lmlab.core.training.preference.dpo_loss`), parameter averaging of trained
+top-k blocks
 (the reward-soups baseline), and token-level log-linear mixture decoding, ``logits_t = sum_k lambda_k log
 pi_k(.|x, y_<t)``, the standard approximation of the sequence-level product (which is not autoregressive).
 """
@@ -40,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.partial import policy_model  # noqa: F401 (part of mpo's API: decoding trained policies)
+from lmlab.core.training.partial import policy_model  # noqa: F401 (part of mpo's API: decoding trained policies)
 
 # ---------------------------------------------------------------------------------------------------- checking
 
@@ -560,7 +561,7 @@ def train_dpo_policy(
     """
     import torch
 
-    from lmlab.core.preference import dpo_loss
+    from lmlab.core.training.preference import dpo_loss
 
     if len(batches) != len(pairs):
         raise ValueError(f"got {len(batches)} batches but {len(pairs)} pair lists")
@@ -602,7 +603,7 @@ def soup_topk(trunk: Any, policies: Sequence[Any], weights: Any) -> Any:
     """
     import torch
 
-    from lmlab.core.partial import _block_state
+    from lmlab.core.training.partial import _block_state
 
     w = check_weights(weights, len(policies))
     out = trunk.top_k()
@@ -652,12 +653,12 @@ def mixture_generate(
 
     Args:
         models: policies sharing one tokenizer and vocabulary (HF causal LMs; see `policy_model`).
-        prompts: the prompt texts (tokenised with special tokens, as `lmlab.core.preference` scores them).
+        prompts: the prompt texts (tokenised with special tokens, as `lmlab.core.training.preference` scores them).
         weights (`array`, (K,)): on the simplex: the runtime "preference sliders".
     """
     import torch
 
-    from lmlab.core.generation import cache_kwargs, new_cache
+    from lmlab.core.inference.generation import cache_kwargs, new_cache
 
     if not models:
         raise ValueError("mixture_generate needs at least one model")

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.methods.alignment.ple import method as M
 from lmlab.methods.alignment.ple.task import (
     PRINCIPLE,
@@ -82,7 +82,7 @@ def build_data(ctx: Any, cfg: Any) -> tuple[list[Query], list[str], list[Query],
 
 
 def run(cfg: Any, ctx: Any) -> Any:
-    from lmlab.core.partial import FrozenTrunk
+    from lmlab.core.training.partial import FrozenTrunk
 
     opts = options(cfg)
     sft_q, sft_y, train_q, test_q, refs = build_data(ctx, cfg)
@@ -232,7 +232,7 @@ def _claims(cfg: Any, results: dict[str, M.PLEResult], has_rank: bool) -> list[C
 
 
 def _figures(ctx: Any, cfg: Any, systems: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
-    from lmlab.core.plotting import bar_with_ci, lines, title_for
+    from lmlab.core.report.plotting import bar_with_ci, lines, title_for
 
     bars = [m for s in systems for m in ctx.metrics if m.metric == "reward" and m.system == s]
     ctx.add_figure("reward", bar_with_ci(bars, title=title_for("ple", str(cfg.model), cfg.seed, cfg.n_test,

@@ -15,9 +15,10 @@ Algorithm 1 of the paper, with the loss details the paper leaves open marked [ve
 Both branches train pi_theta conditioned on the *plain* x: the principle is distilled into the unprompted policy.
 
 - ``L_rank`` [verify]: the pairwise PRO / RRHF loss on length-normalised log-probs
-  ``-logsig(beta (s(y^p) - s(y)))``, ``s(y) = (1/|y|) log pi(y|x)`` (`lmlab.core.preference.ranking_loss`), plus
+  ``-logsig(beta (s(y^p) - s(y)))``, ``s(y) = (1/|y|) log pi(y|x)`` (`lmlab.core.training.preference.ranking_loss`),
+  plus
   ``rank_sft_weight`` times the SFT loss of y^p, as RRHF and PRO add to their ranking term.
-- ``L_sft`` is `lmlab.core.preference.weighted_sft_loss` (per-token NLL) with the softmax weights above.
+- ``L_sft`` is `lmlab.core.training.preference.weighted_sft_loss` (per-token NLL) with the softmax weights above.
 - The case ``r - r^p > tau`` (the plain answer better) is not specified; ``reverse_case="wsft"`` (the literal
   reading of Algorithm 1: not above the threshold, so weighted SFT) or ``"rank"`` (rank y over y^p).
 - Rewards are normalised per batch (``reward_norm``; the threshold is meaningful only on normalised rewards).
@@ -27,12 +28,13 @@ Both branches train pi_theta conditioned on the *plain* x: the principle is dist
 Baselines run through the same online loop, on the same queries, generations at iteration 0, steps and seeds:
 
 - ``raft``: RAFT (Dong et al. 2023): SFT on the higher-reward response of the pair (best of the two candidates);
-- ``always_rank_dpo``: DPO (`lmlab.core.preference.dpo_loss`, the SFT policy as reference) on y^p > y for every
+- ``always_rank_dpo``: DPO (`lmlab.core.training.preference.dpo_loss`, the SFT policy as reference) on y^p > y for
+every
   pair, no threshold;
 - ``ple_fixed``: PLE with a constant threshold; ``ple_rank_only``: PLE's ranking loss on every pair.
 
 Training is the CPU recipe of the alignment area: a frozen trunk whose outputs are cached once per batch
-(`lmlab.core.partial.FrozenTrunk`), the top k blocks trained (`TopK`). Pure: no I/O, no printing.
+(`lmlab.core.training.partial.FrozenTrunk`), the top k blocks trained (`TopK`). Pure: no I/O, no printing.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.pairs import (
+from lmlab.core.training.pairs import (
     PairCache,
     encode_pairs,
     format_pairs,
@@ -54,8 +56,8 @@ from lmlab.core.pairs import (
     score_pairs,
     slice_cache,
 )
-from lmlab.core.partial import FrozenTrunk, TopK, TrunkCache
-from lmlab.core.preference import SeqLogps, build_response_batch, dpo_loss, ranking_loss, weighted_sft_loss
+from lmlab.core.training.partial import FrozenTrunk, TopK, TrunkCache
+from lmlab.core.training.preference import SeqLogps, build_response_batch, dpo_loss, ranking_loss, weighted_sft_loss
 
 SYSTEMS = ("ple", "ple_fixed", "ple_rank_only", "raft", "always_rank_dpo")
 SCHEDULES = ("geometric", "fixed", "ema")
@@ -225,7 +227,7 @@ def encode_rows(
     chat: bool | None = None,
     system: str | None = None,
 ) -> RowCache:
-    """Template (prompt, response) rows as `lmlab.core.pairs.format_pairs` does and cache the trunk."""
+    """Template (prompt, response) rows as `lmlab.core.training.pairs.format_pairs` does and cache the trunk."""
     if not len(prompts):
         raise ValueError("no rows to encode: prompts is empty")
     heads, tails, _ = format_pairs(tokenizer, prompts, responses, responses, chat=chat, system=system)
@@ -336,8 +338,9 @@ def sft_train(
 class PolicyGenerator:
     """Generates responses of a `TopK` policy over the model's frozen trunk, batched, with a per-run cache.
 
-    The policy's blocks are put into a memory-light full model (`lmlab.core.pairs.policy_model`: the trunk
-    modules shared, only the top blocks copied) and decoded with `lmlab.core.generation.decode_batch` (the fast
+    The policy's blocks are put into a memory-light full model (`lmlab.core.training.pairs.policy_model`: the trunk
+    modules shared, only the top blocks copied) and decoded with `lmlab.core.inference.generation.decode_batch` (the
+    fast
     engine where it supports the model). A request is cached under ``(tag, prompts, sampling settings, seed)``:
     the caller names the policy's state by `tag` (e.g. ``"sft"``), so systems that start from the same policy
     share its first-iteration generations and nothing is decoded twice.
@@ -382,7 +385,7 @@ class PolicyGenerator:
         seed: int = 0,
     ) -> list[str]:
         """Responses to the templated prompts `heads` (`prompt_heads`) under `policy` (None: the model itself)."""
-        from lmlab.core.generation import decode_batch
+        from lmlab.core.inference.generation import decode_batch
 
         heads = list(heads)
         key = (tag, tuple(heads), bool(do_sample), float(temperature) if do_sample else 0.0,

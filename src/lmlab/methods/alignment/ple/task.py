@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from lmlab.core.seeding import seeded_rng
+from lmlab.core.stats.seeding import seeded_rng
 
 PRINCIPLE = "Please reply in a positive, warm and enthusiastic way."
 INSTRUCTION = "Continue this travel story with one short sentence."

@@ -7,7 +7,8 @@ dropping the rest of that tail, reaches full-human RM accuracy with 6-7% of the 
 Data (`task.py`): `countries` questions (capital, continent, currency), train split for the pool and test split for
 the held-out pairs (disjoint countries); every response is composed from latent attributes (correct fact, polite
 opening, unsafe suggestion, length), so the hidden utility ``U = 3 correct - 2 unsafe + 0.5 polite - 0.3 |len -
-3|`` is exact. The human is `lmlab.core.annotator.GroundTruthAnnotator` (it alone holds U, refuses queries past its
+3|`` is exact. The human is `lmlab.core.training.annotator.GroundTruthAnnotator` (it alone holds U, refuses queries
+past its
 budget, labels held-out pairs uncounted); every strategy gets its own annotator with the same budget.
 
 AI labellers (uncounted): ``systematic``: `SimulatedJudge`, blind to politeness, crediting `judge_length_bias` per
@@ -41,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.methods.alignment.rlthf.method import bt_margins, curate, fit_bt
 from lmlab.methods.alignment.rlthf.task import TASKS, build_prompts, draw_pairs, pair_features, utility
 from lmlab.results import Claim
@@ -85,8 +86,8 @@ def _embed(ctx: Any, cfg: Any, texts: list[str]) -> np.ndarray:
     if cfg.embedder == "hashing":
         ctx.models["hashing"] = {"name": f"word uni+bigram hashing, {HASH_DIM} buckets", "params": 0}
         return hashing_embed(texts)
-    from lmlab.core.embed import Embedder
-    from lmlab.core.models import model_info
+    from lmlab.core.inference.embed import Embedder
+    from lmlab.core.inference.models import model_info
 
     emb = Embedder(cfg.model)
     if type(emb.model).__name__.endswith("ForCausalLM"):
@@ -121,7 +122,7 @@ def _standardise(f_train: np.ndarray, f_test: np.ndarray) -> tuple[np.ndarray, n
 
 
 def _judge(cfg: Any, noise: str, pairs: dict[str, tuple[Any, Any]], seed: int) -> Any:
-    from lmlab.core.annotator import FlipJudge, SimulatedJudge
+    from lmlab.core.training.annotator import FlipJudge, SimulatedJudge
 
     u = lambda r: utility(r, target_len=cfg.target_len)  # noqa: E731
     if noise == "systematic":
@@ -316,7 +317,7 @@ def _claims(cfg: Any, strategies: list[str]) -> list[Claim]:
 
 
 def _figures(ctx: Any, cfg: Any, curve: dict, strategies: list[str], rounds: list[int], share: float) -> None:
-    from lmlab.core.plotting import lines, title_for
+    from lmlab.core.report.plotting import lines, title_for
 
     xs = [100 * k * share for k in rounds]
     for noise in cfg.noise_models:
@@ -370,7 +371,7 @@ def _replicate(
     acc: _Acc,
 ) -> None:
     """One replicate: draw the pairs, label them with each AI labeller, run every strategy with its own annotator."""
-    from lmlab.core.annotator import GroundTruthAnnotator
+    from lmlab.core.training.annotator import GroundTruthAnnotator
 
     u = lambda x: utility(x, target_len=cfg.target_len)  # noqa: E731
     systems = [*strategies, "ai_only", "full"]

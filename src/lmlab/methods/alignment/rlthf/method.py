@@ -11,7 +11,7 @@ thresholds [verify]; see the README):
 
 1. **Initial AI labels** ``y~`` for every pair (any labeller; passed in).
 2. **Reward model** RM_t: a linear Bradley-Terry model ``r(x, y) = w . phi(x, y)`` on frozen features, fitted by
-   minimising the weighted BT loss (`lmlab.core.preference.bradley_terry_loss`) plus L2::
+   minimising the weighted BT loss (`lmlab.core.training.preference.bradley_terry_loss`) plus L2::
 
        L(w) = sum_i c_i * -log sigmoid(y~_i * w . (phi(a_i) - phi(b_i))) / sum_i c_i + l2 / 2 * |w|^2
 
@@ -78,7 +78,7 @@ def fit_bt(
     """Linear Bradley-Terry reward model on pair features: the weights ``w`` (dim,).
 
     Minimises ``sum_i c_i BT_i / sum_i c_i + l2/2 |w|^2`` with ``BT_i = -log sigmoid(+-w . f_i)``
-    (`lmlab.core.preference.bradley_terry_loss`), full batch, L-BFGS in float64 (deterministic).
+    (`lmlab.core.training.preference.bradley_terry_loss`), full batch, L-BFGS in float64 (deterministic).
 
     Args:
         features (`array (n, d)`): ``phi(x, a_i) - phi(x, b_i)`` per pair.
@@ -88,7 +88,7 @@ def fit_bt(
     """
     import torch
 
-    from lmlab.core.preference import bradley_terry_loss
+    from lmlab.core.training.preference import bradley_terry_loss
 
     x, y = _check_xy(features, labels)
     if not l2 >= 0:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.seeding import seeded_rng
+from lmlab.core.stats.seeding import seeded_rng
 
 TASKS: tuple[str, ...] = ("capital", "continent", "currency")
 POLITE = "Thank you for your question!"

@@ -18,7 +18,7 @@ class SwiftCodeConfig(BaseConfig):
 
     Candidates for each training task come from the variant bank (``template``, standing in for the paper's strong
     code LLMs) and from samples of `model` (``llm``, the first `llm_tasks` training tasks); every candidate runs in
-    `lmlab.core.sandbox`: small tests, then the stress input (time: min over `timing_runs` runs of the min of
+    `lmlab.core.execution.sandbox`: small tests, then the stress input (time: min over `timing_runs` runs of the min of
     `repeat` calls; memory: tracemalloc peak). Each system fine-tunes the top `train_layers` blocks on one
     candidate per task (same tasks, count and steps) and is scored on the held-out tasks (new function names) by
     greedy decoding: pass@1 and NET = ET / ET_canonical. Held-out tasks are the independent unit of the claims.

@@ -8,13 +8,15 @@ Tasks. `tasks.build_tasks`: `n_train` training and `n_eval` held-out tasks over 
 idioms of one function each), held-out tasks under function names never seen in training. Candidates. Per training
 task, the variant bank (``template``: correct fast, correct slow and buggy programs, the stand-in for strong code
 LLMs) and, for the first `llm_tasks` tasks, `llm_samples` samples of `model` (``llm:<model>``). Every candidate runs
-only in `lmlab.core.sandbox` (`method.measure_many`): small tests, stress input against the reference value, ET =
+only in `lmlab.core.execution.sandbox` (`method.measure_many`): small tests, stress input against the reference value,
+ET =
 min over `timing_runs` runs of the min of `repeat` calls, MU = tracemalloc peak.
 
 Systems (same tasks, one example each, same SFT steps and data order): ``swiftcode`` keeps the most efficient
 correct candidate per task; ``random_correct`` a uniformly random correct one (the spec's baseline: correctness
 filtering without efficiency); ``slowest_correct`` (optional control) the slowest; ``base`` is the model untrained.
-Each trained system fine-tunes the top `train_layers` blocks (frozen trunk cached once, `lmlab.core.sft`), then
+Each trained system fine-tunes the top `train_layers` blocks (frozen trunk cached once, `lmlab.core.training.sft`),
+then
 answers every held-out task greedily; the answers run in the sandbox: pass@1 (small tests and the stress value),
 NET = ET / ET_canonical and NMU on the solved ones.
 
@@ -34,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.methods.alignment.swiftcode.method import (
     CODE_END,
     CODE_FENCE,
@@ -64,13 +66,13 @@ def _settings(cfg: Any) -> MeasureSettings:
 
 
 def _prompt(tok: Any, task: CodeTask) -> str:
-    from lmlab.core.scoring import chat_prompt
+    from lmlab.core.inference.scoring import chat_prompt
 
     return chat_prompt(tok, user_prompt(task)) + CODE_FENCE
 
 
 def _generate(model: Any, tok: Any, prompts: list[str], cfg: Any, ctx: Any, name: str, **kw: Any) -> list[str]:
-    from lmlab.core.generation import decode_batch
+    from lmlab.core.inference.generation import decode_batch
 
     outs = decode_batch(model, tok, prompts, stop_strings=(CODE_END,), batch_size=cfg.batch_size, meter=ctx.meter,
                         meter_name=name, **kw)  # fmt: skip
@@ -116,9 +118,9 @@ def _ratios(ms: Sequence[Measurement], tasks: Sequence[CodeTask], canon: dict[st
 
 
 def run(cfg: Any, ctx: Any) -> Any:
-    from lmlab.core.partial import FrozenTrunk, merge_back
-    from lmlab.core.sandbox import sandbox_available
-    from lmlab.core.sft import SeqCache, encode_sequences, sft_top_k
+    from lmlab.core.execution.sandbox import sandbox_available
+    from lmlab.core.training.partial import FrozenTrunk, merge_back
+    from lmlab.core.training.sft import SeqCache, encode_sequences, sft_top_k
 
     n_train, n_eval = cfg.n_train, cfg.n_eval
     if cfg.limit is not None:
@@ -129,7 +131,9 @@ def run(cfg: Any, ctx: Any) -> Any:
                                                      "stress_scale": cfg.stress_scale}  # fmt: skip
     ok, why = sandbox_available(cfg.sandbox_backend)
     if not ok and not cfg.allow_unsandboxed:
-        raise RuntimeError(f"swiftcode runs model-written code only in lmlab.core.sandbox, unavailable here: {why}")
+        raise RuntimeError(
+            f"swiftcode runs model-written code only in lmlab.core.execution.sandbox, unavailable here: {why}"
+        )
     s = _settings(cfg)
     model, tok = ctx.load_model()
     n_layers = len(model.model.layers)
@@ -256,7 +260,7 @@ def run(cfg: Any, ctx: Any) -> Any:
     ctx.note(
         f"Candidates: {', '.join(cfg.generators)} (template = the variant bank of tasks.py, a programmatic stand-in "
         f"for strong code LLMs; llm = {cfg.llm_samples} samples of {cfg.llm_models} at T = {cfg.llm_temperature} for "
-        f"{n_llm} tasks); all code ran in lmlab.core.sandbox ({cfg.sandbox_backend}); timing = {cfg.timing} "
+        f"{n_llm} tasks); all code ran in lmlab.core.execution.sandbox ({cfg.sandbox_backend}); timing = {cfg.timing} "
         f"(min of {cfg.repeat} calls x {cfg.timing_runs} runs), memory = tracemalloc peak; rule = {cfg.rule}, "
         f"margin {cfg.time_margin}x. SFT: top {cfg.train_layers} of {n_layers} blocks, {cfg.epochs} epochs, "
         f"{len(keep)} tasks; held-out: {len(test)} tasks, greedy <= {cfg.max_new_tokens} tokens."
@@ -305,7 +309,7 @@ def _claims(cfg: Any) -> list[Claim]:
 
 
 def _figure(ctx: Any, cfg: Any, systems: Sequence[str], n: int) -> None:
-    from lmlab.core.plotting import bar_with_ci, title_for
+    from lmlab.core.report.plotting import bar_with_ci, title_for
 
     for metric, label in (("pass_at_1", "held-out pass@1"), ("net", "held-out NET (solved tasks)")):
         rows = [m for m in ctx.metrics if m.metric == metric and m.system in systems]

@@ -4,7 +4,8 @@ Huang, Zeng, Dai, Luo, Weng, Qing, Cui, Guo & Zhang, "SwiftCoder: Enhancing Code
 through Efficiency-Aware Fine-tuning" (ICML 2025, arXiv 2410.10209; earlier versions "EffiCoder"); official code
 https://github.com/huangd1999/EffiCoder (the released data, LLaMA-Factory SFT configs and the EffiBench-style
 evaluation scripts; the candidate generation and selection code is not in it). Pure: no file I/O, no printing;
-every candidate program runs only inside `lmlab.core.sandbox` (never in this process: the parent only parses code
+every candidate program runs only inside `lmlab.core.execution.sandbox` (never in this process: the parent only parses
+code
 with `ast`, which executes nothing).
 
 * Candidates C(x) for a task x come from several generators, each labelled (`Candidate.source`): samples of code
@@ -23,7 +24,8 @@ with `ast`, which executes nothing).
   among it the lowest MU, then the shortest source, then the earliest. ``rule="combined"``: the lowest MU · ET
   (TMU proxy), then the shortest. The paper says only "the lowest execution time and memory"; its combination
   rule is not published.
-* SFT on the kept (x, y*) pairs (`lmlab.core.sft`); the baseline fine-tunes on a random correct candidate of the
+* SFT on the kept (x, y*) pairs (`lmlab.core.training.sft`); the baseline fine-tunes on a random correct candidate of
+the
   same tasks (`select_random_correct`), same number of examples and steps.
 * ``timing="lines"`` replaces ET by a deterministic cost, the number of Python line events of the call under
   ``sys.settrace`` inside the sandbox. It is exact across runs (tests and the smoke preset) but blind to work
@@ -179,7 +181,7 @@ class MeasureSettings:
         timeout_s (`float`), memory_mb (`int`): `SandboxLimits` of one run.
         workers (`int`, defaults to 2): parallel sandboxes.
         backend (`str`, defaults to ``"unshare"``), allow_unsandboxed (`bool`, defaults to `False`): see
-            `lmlab.core.sandbox.run_code`; without a sandbox every candidate is ``refused``.
+            `lmlab.core.execution.sandbox.run_code`; without a sandbox every candidate is ``refused``.
     """
 
     timing: str = "wall"
@@ -200,7 +202,7 @@ class MeasureSettings:
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
 
     def limits(self) -> Any:
-        from lmlab.core.sandbox import SandboxLimits
+        from lmlab.core.execution.sandbox import SandboxLimits
 
         return SandboxLimits(timeout_s=float(self.timeout_s), memory_mb=int(self.memory_mb))
 
@@ -250,7 +252,7 @@ class Measurement:
 
 def _check_job(task: CodeTask, code: str, s: MeasureSettings, *, with_tests: bool, memory: bool) -> dict[str, Any]:
     """The `run_code` arguments of one run: small tests (optional), then the stress input."""
-    from lmlab.core.sandbox import CallSpec
+    from lmlab.core.execution.sandbox import CallSpec
 
     job: dict[str, Any] = {"source": code, "entry_point": task.entry_point}
     tests = task.test_code() if with_tests else ""
@@ -293,7 +295,8 @@ def _phase(r: Any) -> str | None:
 
 
 def measure_many(items: Sequence[tuple[CodeTask, str | None]], settings: MeasureSettings) -> list[Measurement]:
-    """Measure programs on their tasks, all in `lmlab.core.sandbox` (`run_many`, `settings.workers` at a time).
+    """Measure programs on their tasks, all in `lmlab.core.execution.sandbox` (`run_many`, `settings.workers` at a
+    time).
 
     Run 1 per program: the small tests, then the stress call (checked against the reference value; timed, with one
     extra tracemalloc call for MU). A limit hit in the stress call makes it ``over_limit``; a limit hit whose phase
@@ -305,7 +308,7 @@ def measure_many(items: Sequence[tuple[CodeTask, str | None]], settings: Measure
         items: (task, program source or None) pairs; None is ``no_code`` (nothing runs).
         settings (`MeasureSettings`).
     """
-    from lmlab.core.sandbox import run_many
+    from lmlab.core.execution.sandbox import run_many
 
     s = settings
     lim = s.limits()

@@ -10,7 +10,8 @@ The variant bank is the *programmatic candidate generator* of the reproduction (
 for stronger code LLMs, which a 135M / 270M model is not, and every report labels it as such.
 
 Nothing here executes a candidate: expected outputs come from each family's `reference` (lmlab's own trusted Python,
-called directly), and every variant source only ever runs inside `lmlab.core.sandbox` (see `method.measure_many`).
+called directly), and every variant source only ever runs inside `lmlab.core.execution.sandbox` (see
+`method.measure_many`).
 
 | family | slow idiom | fast idiom (canonical first) | buggy idioms |
 |---|---|---|---|

@@ -100,7 +100,7 @@ def _reflow(text: str) -> str:
 
 
 def _label(spec: str) -> str:
-    from lmlab.core.models import canonical_alias
+    from lmlab.core.inference.models import canonical_alias
 
     alias = canonical_alias(spec)
     name = alias.split("-")[0] if alias else Path(spec.split("::")[0]).name
@@ -128,7 +128,7 @@ def _passages(cfg: Any, ctx: Any, domain: str) -> list[Any]:
 
 def _human_docs(cfg: Any, ctx: Any, tok: Any, domain: str) -> tuple[list[Doc], list[list[int]]]:
     """`n_human` documents of `domain` (one per module; license files round-robin) and their scorer token ids."""
-    from lmlab.core.scoring import encode
+    from lmlab.core.inference.scoring import encode
 
     need = cfg.drop_first + max(max(cfg.scales), max(cfg.taus)) + 1
     by_doc: dict[str, list[Any]] = {}
@@ -161,10 +161,10 @@ def _generate(
     system: str,
 ) -> tuple[list[Doc], bool]:
     """Sample one document per prompt and turn it into the scorer's bits series (and whether it was self-scored)."""
-    from lmlab.core.engine import default_engine
-    from lmlab.core.generation import decode_batch
-    from lmlab.core.scoring import chat_prompt, encode_prompt
-    from lmlab.core.seeding import derive_seed
+    from lmlab.core.inference.engine import default_engine
+    from lmlab.core.inference.generation import decode_batch
+    from lmlab.core.inference.scoring import chat_prompt, encode_prompt
+    from lmlab.core.stats.seeding import derive_seed
 
     label, gm, gtok = gen
     sm, stok = scorer
@@ -203,7 +203,7 @@ def _generate(
 
 def _estimate(cfg: Any, ctx: Any, sys: System) -> None:
     """Drop unusable documents, then pool H and S, bootstrap them over clusters, and record pseudo-values."""
-    from lmlab.core.seeding import derive_seed
+    from lmlab.core.stats.seeding import derive_seed
 
     ok = usable([d.bits for d in sys.docs], cfg.scales, cfg.taus)
     for d, good in zip(sys.docs, ok):
@@ -278,7 +278,7 @@ def _distance(cfg: Any, ctx: Any, sys: System, ref: System) -> None:
 
 def _detection(cfg: Any, ctx: Any, human: System, llm: list[System]) -> dict[str, Any]:
     """AUROC of [mean bits] vs [mean bits, std, H, S], pooled over LLM systems and per system."""
-    from lmlab.core.seeding import derive_seed
+    from lmlab.core.stats.seeding import derive_seed
 
     llm = [s for s in llm if s.kept]
     if not human.kept or not llm:
@@ -410,7 +410,7 @@ def run(cfg: Any, ctx: Any) -> Any:
 
 
 def _tables(cfg: Any, ctx: Any, systems: dict[str, System], det: dict[str, Any]) -> None:
-    from lmlab.core.seeding import derive_seed
+    from lmlab.core.stats.seeding import derive_seed
 
     rows = []
     for s in systems.values():
@@ -490,7 +490,7 @@ def _samples(ctx: Any, systems: dict[str, System]) -> None:
 def _figures(cfg: Any, ctx: Any, systems: dict[str, System], det: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
-    from lmlab.core.plotting import _png, bar_with_ci, title_for
+    from lmlab.core.report.plotting import _png, bar_with_ci, title_for
 
     est = [s for s in systems.values() if s.table is not None]
     if not est:

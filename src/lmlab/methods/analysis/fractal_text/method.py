@@ -55,7 +55,7 @@ def token_bits(
     window − chunk tokens as context (lm-eval's rolling windows), so no token is scored with more than `window`
     tokens of context and every token is scored once.
     """
-    from lmlab.core.scoring import continuation_logprobs
+    from lmlab.core.inference.scoring import continuation_logprobs
 
     if window < 2:
         raise ValueError(f"window must be >= 2 tokens, got {window}")
@@ -110,7 +110,7 @@ def bits_series(
     """Bits per token of each text under a fixed scorer, prompt tokens and the first `drop_first` tokens excluded.
 
     Each text is scored as ``[BOS] + prompt + text`` (the prompt, when given, is context only; the boundary token is
-    found with `lmlab.core.scoring.split_pair`). Positions are counted from the start of the document (prompt
+    found with `lmlab.core.inference.scoring.split_pair`). Positions are counted from the start of the document (prompt
     included): positions < `drop_first` have too little context and are dropped, and so are all prompt tokens.
 
     Args:
@@ -123,7 +123,7 @@ def bits_series(
     Returns:
         `list[np.ndarray]`: one float64 array of bits per kept token per text.
     """
-    from lmlab.core.scoring import encode, split_pair
+    from lmlab.core.inference.scoring import encode, split_pair
 
     if prompts is not None and len(prompts) != len(texts):
         raise ValueError(f"got {len(texts)} texts but {len(prompts)} prompts")

@@ -186,7 +186,7 @@ def _curves(
 def _figures(
     cfg: Any, ctx: Any, name: str, model_label: str, n: int, curve: dict[str, Any], scores: dict[str, Any]
 ) -> None:
-    from lmlab.core.plotting import heatmap, lines, title_for
+    from lmlab.core.report.plotting import heatmap, lines, title_for
 
     ks = curve["ks"]
     systems = [s for s in curve if s != "ks"]

@@ -5,7 +5,8 @@
 ``models/gpt2_IB.py``). ``a`` is one head's output (the slice of ``o_proj``'s input, lmlab's
 ``blocks.{l}.attn.hook_z``), μ and σ its mean and standard deviation over the batch at each (position, dim).
 
-Everything here works on any Hugging Face llama-family / gemma3 causal LM through `lmlab.core.hooks` (no model
+Everything here works on any Hugging Face llama-family / gemma3 causal LM through `lmlab.core.inference.hooks` (no
+model
 surgery). Pure: no I/O, no printing. Shapes: B batch, S sequence, L layers, H query heads, D head dim, V vocab.
 
 Baselines, all read off the same `CircuitBatch` and scored by the same `evaluate_circuit` (position-wise mean
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmlab.core.hooks import _arch, _text_model, hooks, run_with_cache
+from lmlab.core.inference.hooks import _arch, _text_model, hooks, run_with_cache
 
 __all__ = [
     "CircuitBatch",

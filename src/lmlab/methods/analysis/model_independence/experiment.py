@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.plotting import lines, title_for
-from lmlab.core.seeding import derive_seed
+from lmlab.core.report.plotting import lines, title_for
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.methods.analysis.model_independence.method import (
     MLPActivations,
     PairedInputs,
@@ -146,8 +146,8 @@ def _record_p(ctx: Any, system: str, ps: Sequence[float], cfg: Any, note: str) -
 
 
 def _tiny_part(cfg: Any, ctx: Any, texts: list[str], train: list[str], dev: list[str]) -> list[Claim]:
-    from lmlab.core.tiny import make_byte_tokenizer, make_tiny_model
-    from lmlab.core.training import encode_documents, pretrain_lm
+    from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_model
+    from lmlab.core.training.pretrain import encode_documents, pretrain_lm
 
     tok = make_byte_tokenizer()
     train_ids, ft_ids = encode_documents(tok, train), encode_documents(tok, dev or train)
@@ -246,7 +246,7 @@ def _tiny_part(cfg: Any, ctx: Any, texts: list[str], train: list[str], dev: list
 
 def _tiny_localized(cfg: Any, ctx: Any, enc: PairedInputs) -> None:
     """Localized testing: a 4-block tiny model vs a copy keeping blocks 0, 2, 3 -> map {0: 0, 2: 1, 3: 2}."""
-    from lmlab.core.tiny import make_tiny_model
+    from lmlab.core.inference.tiny import make_tiny_model
 
     a = make_tiny_model(derive_seed(cfg.seed, "tiny-localized"), n_layers=4, hidden=cfg.tiny_hidden)
     keep = [0, 2, 3]
@@ -296,11 +296,11 @@ def _tiny_claims(cfg: Any) -> list[Claim]:
 def _derive(kind: str, cfg: Any, model: Any, tok: Any, acts: MLPActivations, rb: int, train: list[str],
             dev: list[str], ids0: torch.Tensor) -> tuple[Any, dict[str, Any]]:  # fmt: skip
     from lmlab.core.pruning import calibration_windows, prune_model, token_stream
-    from lmlab.core.training import pretrain_lm
+    from lmlab.core.training.pretrain import pretrain_lm
 
     seed = derive_seed(cfg.seed, "derive", kind)
     if kind == "finetune":
-        from lmlab.core.training import encode_documents
+        from lmlab.core.training.pretrain import encode_documents
 
         ids = encode_documents(tok, dev or train)
         seq = max(2, min(cfg.finetune_seq_len, len(ids) - 2))

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.methods.analysis.state_tracking.method import (
     PermGroup,
     Stories,
@@ -200,7 +200,7 @@ def _record(ctx: Any, cfg: Any, runs: list[dict[str, Any]]) -> list[Claim]:
                   text="both mechanisms occur: some learned runs are AA (reported)"),
         ]  # fmt: skip
         if len(learned) >= 3:
-            from lmlab.core.stats import spearman
+            from lmlab.core.stats.uncertainty import spearman
 
             for metric, key in (("steps_to_threshold", "steps_to_threshold"), ("long_acc", "long_acc")):
                 rho, p = spearman([r["mech"].score for r in learned], [float(r[key]) for r in learned])

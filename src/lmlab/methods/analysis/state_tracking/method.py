@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 GROUPS = {"S3": 3, "S5": 5}
 CONDITIONS = ("plain", "parity_cur", "topic")
-N_SPECIALS = 4  # lmlab.core.tiny.TINY_SPECIALS: <pad> 0, <s> 1, </s> 2, <unk> 3
+N_SPECIALS = 4  # lmlab.core.inference.tiny.TINY_SPECIALS: <pad> 0, <s> 1, </s> 2, <unk> 3
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -200,7 +200,8 @@ def stories_from_examples(examples: Sequence[Any], group: PermGroup) -> Stories:
 class TrackerVocab:
     """Token ids of a state tracker: one per action, one per state, two parity tokens, an optional BOS.
 
-    The default layout (`TrackerVocab.default`) follows `lmlab.core.tiny`'s specials, then G action tokens, G state
+    The default layout (`TrackerVocab.default`) follows `lmlab.core.inference.tiny`'s specials, then G action tokens, G
+    state
     tokens and the parity tokens. Pass your own ids to analyse a model with another tokenizer (each permutation must
     be one token).
     """
@@ -282,11 +283,12 @@ def make_tracker(
     init_std: float = 0.02,
     attn_implementation: str = "eager",
 ) -> Any:
-    """A from-scratch tiny llama (`lmlab.core.tiny.tiny_config`: 4 heads, SwiGLU MLP of 2x width, RoPE) with the
+    """A from-scratch tiny llama (`lmlab.core.inference.tiny.tiny_config`: 4 heads, SwiGLU MLP of 2x width, RoPE) with
+    the
     `TrackerVocab.default` vocabulary stored in ``config.state_tracking``, seeded, fp32, eval mode."""
     from transformers import LlamaForCausalLM
 
-    from lmlab.core.tiny import tiny_config
+    from lmlab.core.inference.tiny import tiny_config
 
     if hidden % 8:
         raise ValueError(f"hidden must be a multiple of 8 (4 heads of even RoPE width), got {hidden}")
@@ -407,7 +409,7 @@ def train_tracker(
     state stories in the same order. Each phase: AdamW, linear warm-up over `warmup_frac` of its steps, cosine
     decay to 10%, gradient clipping at `grad_clip` ([code] ``max_grad_norm=1.0``).
     """
-    from lmlab.core.training import cosine_lr
+    from lmlab.core.training.pretrain import cosine_lr
 
     if condition not in CONDITIONS:
         raise ValueError(f"condition must be one of {', '.join(CONDITIONS)}, got {condition!r}")
@@ -521,7 +523,7 @@ def layer_names(model: Any) -> list[str]:
 @torch.no_grad()
 def residual_stream(model: Any, stories: Stories, vocab: TrackerVocab | None = None) -> torch.Tensor:
     """(L + 1, N, T, d) residual stream at the action tokens: the embeddings, then after each block."""
-    from lmlab.core.hooks import run_with_cache
+    from lmlab.core.inference.hooks import run_with_cache
 
     vocab = vocab or TrackerVocab.of(model)
     names = layer_names(model)
@@ -699,7 +701,7 @@ def patch_grid(
     p``, metric ``clip((LD_p - LD_b) / (0 - LD_b), 0, 1)``. Stories whose two runs predict the same final state (no
     difference to explain) get NaN and are left out of the mean.
     """
-    from lmlab.core.hooks import hooks, run_with_cache
+    from lmlab.core.inference.hooks import hooks, run_with_cache
 
     if mode not in ("substitute", "delete"):
         raise ValueError(f"mode must be 'substitute' or 'delete', got {mode!r}")

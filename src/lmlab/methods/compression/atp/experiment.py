@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.plotting import lines, title_for
 from lmlab.core.pruning import (
     calibration_windows,
     decoder_blocks,
@@ -42,6 +41,7 @@ from lmlab.core.pruning import (
     window_nll,
 )
 from lmlab.core.pruning.evaluate import record_perplexity
+from lmlab.core.report.plotting import lines, title_for
 from lmlab.methods.compression.atp.method import layer_sparsities, max_beta, search_beta, walk_grid
 from lmlab.results import Claim
 
@@ -72,7 +72,7 @@ def _cloze_items(ctx: Any, n: int, seed: int) -> list[tuple[str, list[str], int]
 
 
 def run(cfg: Any, ctx: Any) -> Any:
-    from lmlab.core.scoring import choice_accuracy
+    from lmlab.core.inference.scoring import choice_accuracy
 
     model, tok = ctx.load_model()
 
@@ -141,7 +141,7 @@ class _Sweep:
     def finish(self, system: str, level: float, headline: bool, pruned: tuple[Any, Any], rates: list[float],
                beta: float | None = None, test_nll: list[float] | None = None) -> None:  # fmt: skip
         """Score one pruned model on test (unless `test_nll` was already measured) and the cloze (`_CLOZE_SYSTEMS`)."""
-        from lmlab.core.scoring import choice_accuracy
+        from lmlab.core.inference.scoring import choice_accuracy
 
         pm, rep = pruned
         name = system + _level_suffix(level, headline)

@@ -39,7 +39,7 @@ import statistics
 import time
 from typing import Any
 
-from lmlab.core.plotting import bar_with_ci, lines, title_for
+from lmlab.core.report.plotting import bar_with_ci, lines, title_for
 from lmlab.methods.compression.lora_gen.tasks import RELATIONS, bare_query_ceiling, build_tasks
 from lmlab.results import Claim
 
@@ -50,7 +50,7 @@ TRAINED = ("lora_gen", "multitask_lora", "multitask_lora_ctx", "per_task_lora") 
 def run(cfg: Any, ctx: Any) -> Any:
     import torch
 
-    from lmlab.core.timing import compare_timings
+    from lmlab.core.stats.timing import compare_timings
     from lmlab.methods.compression.lora_gen import method as M
 
     torch.manual_seed(cfg.seed)

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.plotting import lines, title_for
 from lmlab.core.pruning import (
     calibration_windows,
     collect_layer_stats,
@@ -37,6 +36,7 @@ from lmlab.core.pruning import (
     window_nll,
 )
 from lmlab.core.pruning.evaluate import record_perplexity
+from lmlab.core.report.plotting import lines, title_for
 from lmlab.methods.compression.maiht.method import reconstruction_error, solve
 from lmlab.results import Claim
 

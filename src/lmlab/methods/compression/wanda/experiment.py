@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.plotting import bar_with_ci, lines, title_for
 from lmlab.core.pruning import (
     calibration_windows,
     eval_windows,
@@ -39,6 +38,7 @@ from lmlab.core.pruning import (
     window_nll,
 )
 from lmlab.core.pruning.evaluate import csr_plan, record_perplexity
+from lmlab.core.report.plotting import bar_with_ci, lines, title_for
 from lmlab.results import Claim
 
 ORDER = ("magnitude", "wanda", "sparsegpt")

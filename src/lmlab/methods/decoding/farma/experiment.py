@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.models import flop_params
-from lmlab.core.plotting import bar_with_ci, quality_vs_compute, title_for
-from lmlab.core.scoring import chat_prompt, encode_prompt
-from lmlab.core.seeding import derive_seed
+from lmlab.core.inference.models import flop_params
+from lmlab.core.inference.scoring import chat_prompt, encode_prompt
+from lmlab.core.report.plotting import bar_with_ci, quality_vs_compute, title_for
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.data import seeded_rng
 from lmlab.methods.decoding.farma.method import (
     ARGSLogitsProcessor,

@@ -48,8 +48,8 @@ import torch.nn.functional as F
 from transformers import LogitsProcessor
 from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutputWithPast
 
-from lmlab.core.compute import ComputeMeter
-from lmlab.core.generation import _eos_ids, cache_kwargs, crop_cache, filter_logits, new_cache
+from lmlab.core.inference.compute import ComputeMeter
+from lmlab.core.inference.generation import _eos_ids, cache_kwargs, crop_cache, filter_logits, new_cache
 
 HEAD_MODES = ("lowrank", "full")
 

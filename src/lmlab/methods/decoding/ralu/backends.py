@@ -4,8 +4,10 @@ RaLU talks to its LLM through one call, ``chat(messages, temperature, logprobs) 
 official ``LLMBot.prompt_call``: ``/v1/chat/completions`` with ``logprobs=True``, temperature 0.7, frequency penalty
 0.3). Three implementations:
 
-- `APIChatBackend`: the official call over any `lmlab.core.backends.TextBackend`; `OpenAIChatBackend` is it over
-  `lmlab.core.backends.OpenAIBackend` (any server speaking the OpenAI chat API: `lmlab serve`, vLLM, llama.cpp
+- `APIChatBackend`: the official call over any `lmlab.core.execution.backends.TextBackend`; `OpenAIChatBackend` is it
+over
+  `lmlab.core.execution.backends.OpenAIBackend` (any server speaking the OpenAI chat API: `lmlab serve`, vLLM,
+  llama.cpp
   ``llama-server``, TGI, OpenAI, through the official `openai` client), so the official prompts and loop run
   unchanged against a model large enough to judge and repair code.
 - `HFChatBackend`: a local causal LM (SmolLM2-135M-Instruct by default) playing the official roles under
@@ -108,14 +110,14 @@ FREQUENCY_PENALTY = 0.3  # the official prompt_call (src/bot.py)
 
 
 class APIChatBackend:
-    """The official ``prompt_call`` over a `lmlab.core.backends.TextBackend`: the free-form official loop.
+    """The official ``prompt_call`` over a `lmlab.core.execution.backends.TextBackend`: the free-form official loop.
 
     Each call is ``backend.chat(messages, temperature=..., logprobs=..., frequency_penalty=0.3)`` (the official
     values; ``temperature`` comes from the RaLU loop, 0.7). Nothing is constrained: the backend's model must follow
     the response format itself, which needs a served model far above 135M.
 
     Args:
-        backend (`TextBackend`): e.g. `lmlab.core.backends.OpenAIBackend`.
+        backend (`TextBackend`): e.g. `lmlab.core.execution.backends.OpenAIBackend`.
         frequency_penalty (`float`, defaults to 0.3): the official value.
         max_tokens (`int`, *optional*): completion cap per call (the official code sets none).
         seed (`int`, *optional*): call ``i`` (counted from 0) is sent ``seed + i``, so a run is reproducible on a
@@ -156,7 +158,8 @@ class APIChatBackend:
 
 
 class OpenAIChatBackend(APIChatBackend):
-    """`APIChatBackend` over `lmlab.core.backends.OpenAIBackend`: any OpenAI-compatible ``/v1/chat/completions``.
+    """`APIChatBackend` over `lmlab.core.execution.backends.OpenAIBackend`: any OpenAI-compatible
+    ``/v1/chat/completions``.
 
     Args:
         base_url (`str`): the API root, e.g. ``"http://127.0.0.1:8000/v1"``.
@@ -180,7 +183,7 @@ class OpenAIChatBackend(APIChatBackend):
         max_tokens: int | None = None,
         seed: int | None = None,
     ):
-        from lmlab.core.backends import OpenAIBackend
+        from lmlab.core.execution.backends import OpenAIBackend
 
         backend = OpenAIBackend(base_url, model, api_key_env, timeout=timeout, max_retries=max_retries)
         super().__init__(backend, frequency_penalty=frequency_penalty, max_tokens=max_tokens, seed=seed)
@@ -256,7 +259,7 @@ class HFChatBackend:
     # -- text and tokens ----------------------------------------------------------------------------------------
     def render(self, messages: Sequence[Mapping[str, str]]) -> str:
         """The prompt text: the chat template with the generation prompt (a plain transcript without one)."""
-        from lmlab.core.scoring import has_chat_template
+        from lmlab.core.inference.scoring import has_chat_template
 
         msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
         if has_chat_template(self.tok):
@@ -264,7 +267,7 @@ class HFChatBackend:
         return "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in msgs) + "Assistant:"
 
     def encode(self, text: str) -> list[int]:
-        from lmlab.core.scoring import encode_prompt
+        from lmlab.core.inference.scoring import encode_prompt
 
         return encode_prompt(self.tok, text)
 
@@ -296,7 +299,7 @@ class HFChatBackend:
         import torch
         import torch.nn.functional as F
 
-        from lmlab.core.generation import cache_kwargs, crop_cache, new_cache
+        from lmlab.core.inference.generation import cache_kwargs, crop_cache, new_cache
 
         limit = max(0, min(need_from - 1, len(ids) - 1))
         best, held = None, 0
@@ -330,7 +333,7 @@ class HFChatBackend:
         import torch
         import torch.nn.functional as F
 
-        from lmlab.core.generation import cache_kwargs
+        from lmlab.core.inference.generation import cache_kwargs
 
         device = next(self.model.parameters()).device
         feed = torch.tensor([tokens], dtype=torch.long, device=device)
@@ -342,7 +345,7 @@ class HFChatBackend:
         import torch
         import torch.nn.functional as F
 
-        from lmlab.core.generation import cache_kwargs
+        from lmlab.core.inference.generation import cache_kwargs
 
         device = next(self.model.parameters()).device
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
@@ -371,7 +374,7 @@ class HFChatBackend:
         import torch
         import torch.nn.functional as F
 
-        from lmlab.core.generation import cache_kwargs
+        from lmlab.core.inference.generation import cache_kwargs
 
         if n == 0:
             return []
@@ -542,7 +545,7 @@ class OracleJudgeBackend:
         program (`str | Program`): the initial program.
         units (`Sequence[LogicUnit]`): its units, in the order they are shown.
         passes (`Callable`): ``fn(list of sources) -> list[bool]``, running the tests (the experiment batches
-            them through `lmlab.core.sandbox.run_many`).
+            them through `lmlab.core.execution.sandbox.run_many`).
         mode (`str`, defaults to ``"cfg"``): the unit mode (how corrected units are read back).
         candidates (`Callable`, *optional*): ``fn(unit, names) -> list[str]``, as in `HFChatBackend`.
     """

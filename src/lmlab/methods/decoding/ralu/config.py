@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from lmlab.config import BaseConfig, check_range, param
 
 SYSTEMS: tuple[str, ...] = ("initial", "whole_refine", "ralu_line", "ralu_cfg", "oracle_cfg")
-# plus the specs "openai:URL[#MODEL]" and "local:MODEL" (`lmlab.core.backends.parse_backend`)
+# plus the specs "openai:URL[#MODEL]" and "local:MODEL" (`lmlab.core.execution.backends.parse_backend`)
 BACKENDS: tuple[str, ...] = ("hf", "openai")
 
 
@@ -33,7 +33,8 @@ class RaLUConfig(BaseConfig):
         operators (`list[str]`): mutation operators used for injection.
         backend (`str`, defaults to ``"hf"``): ``hf`` (the local model `model` with constrained roles),
             ``local:MODEL`` (the same on MODEL), ``openai:URL[#MODEL]`` (an OpenAI-compatible server running the
-            official prompts freely, through `lmlab.core.backends.OpenAIBackend`; key from ``$OPENAI_API_KEY``), or
+            official prompts freely, through `lmlab.core.execution.backends.OpenAIBackend`; key from
+            ``$OPENAI_API_KEY``), or
             ``openai`` (the same at `openai_base_url`, the older form).
         openai_base_url (`str`), openai_model (`str`): the endpoint when ``backend="openai"``; `openai_model` is
             also the served name when an ``openai:URL`` spec has no ``#MODEL``.
@@ -96,7 +97,7 @@ class RaLUConfig(BaseConfig):
     def _check_backend(self) -> None:
         """ValueError naming `backend` unless it is hf, openai, openai:URL[#MODEL] or local:MODEL; ``local:MODEL``
         sets `model` (it is ``hf`` on that model)."""
-        from lmlab.core.backends import parse_backend
+        from lmlab.core.execution.backends import parse_backend
 
         forms = "hf, openai, openai:URL[#MODEL] or local:MODEL"
         if self.backend == "openai":

@@ -15,7 +15,7 @@ whole-program refinement, at the same number of judge calls?
 - **Equal budget:** per problem, every system gets at most as many unit calls as RaLU-CFG made on it (whole-program
   refine may use them all as rewinds).
 - **Metric:** pass@1 of the final program, by running the HumanEval tests only through
-  `lmlab.core.rewards.humaneval_rewards` (the sandbox); also LLM calls, tokens and wall time.
+  `lmlab.core.training.rewards.humaneval_rewards` (the sandbox); also LLM calls, tokens and wall time.
 - **Claim check (computed):** the expected ordering oracle > RaLU-CFG >= line > whole >= initial, one paired
   bootstrap over problems per inequality, plus RaLU-CFG > whole (RaLU-CFG > initial when whole is not run). Gated:
   RaLU-CFG >= line (a guard), line > whole and RaLU-CFG > whole. Mechanism checks, shown but never gating: whole >=
@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.results import Claim
 
 GE = -0.02  # ">=" checks: "at least as good, up to 2 points" (the catalogue's convention)
@@ -46,8 +46,8 @@ CHAIN: tuple[tuple[str, str, str, float], ...] = (
 
 def _results(problems: list[dict[str, Any]], sources: list[str], cfg: Any) -> list[Any]:
     """Run HumanEval tests on full program sources, in the sandbox (never in-process): `SandboxResult` per source."""
-    from lmlab.core.rewards import humaneval_rewards
-    from lmlab.core.sandbox import SandboxLimits
+    from lmlab.core.execution.sandbox import SandboxLimits
+    from lmlab.core.training.rewards import humaneval_rewards
 
     if not sources:
         return []
@@ -132,7 +132,7 @@ def _api_target(cfg: Any) -> tuple[str, str] | None:
     """``(base_url, served model)`` when RaLU runs on an API backend, None when on the local model."""
     from urllib.parse import urldefrag
 
-    from lmlab.core.backends import parse_backend
+    from lmlab.core.execution.backends import parse_backend
 
     if cfg.backend == "openai":  # the older form: the endpoint in openai_base_url / openai_model
         return cfg.openai_base_url, cfg.openai_model
@@ -222,7 +222,7 @@ def _judge_sensitivity(backend: Any, item: dict[str, Any], res: Any) -> tuple[fl
 
 
 def run(cfg: Any, ctx: Any):
-    from lmlab.core.plotting import bar_with_ci, title_for
+    from lmlab.core.report.plotting import bar_with_ci, title_for
     from lmlab.methods.decoding.ralu.backends import OracleJudgeBackend
     from lmlab.methods.decoding.ralu.units import cfg_units
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.compute import measure
-from lmlab.core.generation import decode, hf_generate
-from lmlab.core.plotting import bar_with_ci, quality_vs_compute, title_for
-from lmlab.core.scoring import chat_prompt, continuation_logprobs, encode_prompt
-from lmlab.core.seeding import derive_seed
+from lmlab.core.inference.compute import measure
+from lmlab.core.inference.generation import decode, hf_generate
+from lmlab.core.inference.scoring import chat_prompt, continuation_logprobs, encode_prompt
+from lmlab.core.report.plotting import bar_with_ci, quality_vs_compute, title_for
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.data import grade
 from lmlab.methods.decoding.reflection_window.method import reflection_window_generate
 from lmlab.results import Claim

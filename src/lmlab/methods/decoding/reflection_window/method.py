@@ -29,8 +29,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lmlab.core.compute import ComputeMeter
-from lmlab.core.generation import DecodeState, Replace, cache_kwargs, decode, entropy_from_logprobs
+from lmlab.core.inference.compute import ComputeMeter
+from lmlab.core.inference.generation import DecodeState, Replace, cache_kwargs, decode, entropy_from_logprobs
 
 PAUSE_RULES = ("all", "any", "mean", "current")
 
@@ -262,7 +262,7 @@ class _Reflector:
         )
 
     def _forward(self, model: Any, tokens: Sequence[int], cache: Any) -> None:
-        from lmlab.core.generation import forward_tokens
+        from lmlab.core.inference.generation import forward_tokens
 
         if tokens:
             if self.meter is not None:
@@ -300,7 +300,7 @@ def reflection_window_generate(
     Args:
         model, tokenizer: any Hugging Face causal LM and its tokenizer.
         prompts: a prompt string / token ids, or a list of them (each decoded on its own: rollbacks make batch rows
-            ragged). Apply a chat template first for instruct models (`lmlab.core.scoring.chat_prompt`).
+            ragged). Apply a chat template first for instruct models (`lmlab.core.inference.scoring.chat_prompt`).
         max_new_tokens (`int`, defaults to 32): generation budget.
         sigma (`float`, defaults to 0.5, the paper's value): entropy threshold in nats.
         window (`int`, defaults to 4, the paper's d): reflection-window length.
@@ -325,7 +325,7 @@ def reflection_window_generate(
         raise ValueError(f"rule must be one of {', '.join(PAUSE_RULES)}, got {rule!r}")
     single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], int))
     batch = [prompts] if single else list(prompts)
-    from lmlab.core.generation import _eos_ids
+    from lmlab.core.inference.generation import _eos_ids
 
     eos = _eos_ids(model, tokenizer, eos_token_id)
     outputs = []

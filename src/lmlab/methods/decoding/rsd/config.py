@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lmlab.config import BaseConfig, check_range, param
-from lmlab.core.prm import is_prm_spec
+from lmlab.core.training.prm import is_prm_spec
 
 PRMS = ("noisy", "probe", "oracle")
 FORMATS = ("auto", "chat", "fewshot")
@@ -22,7 +22,7 @@ class RSDConfig(BaseConfig):
         threshold (`float`, defaults to 0.7): delta of the headline threshold rule (official ``prm_threshold``).
         thresholds (`list[float]`, defaults to ``[0.3, 0.5, 0.7, 0.9]``): the delta sweep (delta is PRM-specific).
         prm (`str`, defaults to ``"noisy"``): the headline PRM: `NoisyOraclePRM` (eps = `prm_eps`), or a saved PRM
-            ``"implicit:DIR"`` (`lmlab.core.prm.load_prm`; added to `prms` when missing).
+            ``"implicit:DIR"`` (`lmlab.core.training.prm.load_prm`; added to `prms` when missing).
         prms (`list[str]`): PRMs run, each at every threshold: ``noisy``, ``probe`` (MiniLM logistic probe trained
             on the train split) and ``oracle`` (flagged ``oracle_prm``).
         prm_eps (`float`, defaults to 0.15): label-flip rate of the noisy PRM; prm_sigma its Gaussian noise (0.1).

@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.models import flop_params
-from lmlab.core.plotting import bar_with_ci, quality_vs_compute, title_for
-from lmlab.core.scoring import has_chat_template
-from lmlab.core.seeding import derive_seed
-from lmlab.core.steps import StepModel
+from lmlab.core.inference.models import flop_params
+from lmlab.core.inference.scoring import has_chat_template
+from lmlab.core.inference.steps import StepModel
+from lmlab.core.report.plotting import bar_with_ci, quality_vs_compute, title_for
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.data import grade
 from lmlab.data.capital_steps import step_prefixes, step_scores
 from lmlab.methods.decoding.capitals import STOP_MARKERS, capital_shots
@@ -58,10 +58,10 @@ def _fmt_delta(delta: float) -> str:
 
 
 def _make_prm(name: str, cfg: Any) -> Any:
-    from lmlab.core.prm import is_prm_spec, load_prm
+    from lmlab.core.training.prm import is_prm_spec, load_prm
     from lmlab.methods.decoding.capitals import NoisyOraclePRM, OracleFactPRM, ProbePRM
 
-    if is_prm_spec(name):  # a saved PRM, e.g. implicit:DIR (lmlab.core.prm.register_prm_loader)
+    if is_prm_spec(name):  # a saved PRM, e.g. implicit:DIR (lmlab.core.training.prm.register_prm_loader)
         return load_prm(name, device=cfg.device, dtype=cfg.dtype)
     if name == "noisy":
         return NoisyOraclePRM(cfg.prm_eps, cfg.prm_sigma, seed=cfg.seed)

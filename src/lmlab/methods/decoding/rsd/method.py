@@ -20,7 +20,8 @@ Reported as in the official code: ``num_draft_tokens`` (kept + discarded), ``num
 acceptance rate ``kept / (kept + discarded)`` draft tokens, plus a per-step provenance log and the compute of each
 model (`ComputeMeter`: forward calls, prefill/decode tokens, FLOPs, wall time).
 
-Models exchange steps as text through `lmlab.core.steps.StepModel` (any Hugging Face causal LM pair, different
+Models exchange steps as text through `lmlab.core.inference.steps.StepModel` (any Hugging Face causal LM pair,
+different
 tokenizers allowed). There is no KV cache across calls, so every call re-prefills its prompt; the meter counts that
 as run. `RSDOutput.kv_tokens` also gives what a per-model KV cache would need: the first call's prompt, then only the
 tokens a model has not seen, i.e. the new steps and, after a switch, the other model's steps (the re-prefill cost of
@@ -38,10 +39,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmlab.core.compute import ComputeMeter, ModelCost
-from lmlab.core.scoring import encode_prompt
-from lmlab.core.seeding import seeded_rng
-from lmlab.core.steps import StepModel, StepOutput
+from lmlab.core.inference.compute import ComputeMeter, ModelCost
+from lmlab.core.inference.scoring import encode_prompt
+from lmlab.core.inference.steps import StepModel, StepOutput
+from lmlab.core.stats.seeding import seeded_rng
 
 ROLES = ("draft", "target")
 
@@ -319,7 +320,7 @@ def _too_long(models: Sequence[StepModel], question: str, steps: Sequence[str], 
 
 
 def _flop_params(sm: StepModel) -> int:
-    from lmlab.core.models import flop_params
+    from lmlab.core.inference.models import flop_params
 
     return flop_params(sm.model)
 
@@ -327,7 +328,7 @@ def _flop_params(sm: StepModel) -> int:
 def _sampling(do_sample: bool, temperature: float, top_p: float, seed: int, question: str, i: int, role: str):
     if not do_sample:
         return {}
-    from lmlab.core.seeding import derive_seed
+    from lmlab.core.stats.seeding import derive_seed
 
     return {
         "do_sample": True,

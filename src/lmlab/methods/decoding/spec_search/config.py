@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lmlab.config import BaseConfig, check_range, param
-from lmlab.core.prm import is_prm_spec
+from lmlab.core.training.prm import is_prm_spec
 from lmlab.methods.decoding.spec_search.method import AGGREGATES, ESTIMATORS
 
 PRM_NAMES = ("noisy", "probe", "oracle")
@@ -40,7 +40,7 @@ class SpecSearchConfig(BaseConfig):
         fixed_threshold (`float`, defaults to 0.5): the fixed-threshold ablation (the midpoint of the PRM's range).
         prms (`list[str]`, defaults to ``["noisy", "probe"]``): PRMs to run the headline check with (the first is the
             headline); ``"oracle"`` adds the oracle upper bound (flagged ``oracle_prm``); a saved PRM is named
-            ``"implicit:DIR"`` (`lmlab.core.prm.load_prm`).
+            ``"implicit:DIR"`` (`lmlab.core.training.prm.load_prm`).
         prm (`str`, *optional*): the headline PRM, put first in `prms` (``--set prm=implicit:DIR``); None keeps
             `prms` as given.
         noisy_eps, noisy_sigma: `NoisyOraclePRM` label-flip probability and noise.

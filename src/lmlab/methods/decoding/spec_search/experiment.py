@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.plotting import bar_with_ci, quality_vs_compute, title_for
-from lmlab.core.scoring import has_chat_template
+from lmlab.core.inference.scoring import has_chat_template
+from lmlab.core.report.plotting import bar_with_ci, quality_vs_compute, title_for
 from lmlab.data import grade
 from lmlab.data.capital_steps import step_prefixes, step_scores
 from lmlab.methods.decoding.capitals import STOP_MARKERS, NoisyOraclePRM, OracleFactPRM, ProbePRM, capital_shots
@@ -87,9 +87,9 @@ def _calibrate(cfg: Any, ctx: Any, role: str, model: Any, tok: Any, fmt_cfg: str
 
 
 def _make_prm(cfg: Any, name: str) -> Any:
-    from lmlab.core.prm import is_prm_spec, load_prm
+    from lmlab.core.training.prm import is_prm_spec, load_prm
 
-    if is_prm_spec(name):  # a saved PRM, e.g. implicit:DIR (lmlab.core.prm.register_prm_loader)
+    if is_prm_spec(name):  # a saved PRM, e.g. implicit:DIR (lmlab.core.training.prm.register_prm_loader)
         return load_prm(name, device=cfg.device, dtype=cfg.dtype)
     if name == "noisy":
         return NoisyOraclePRM(cfg.noisy_eps, cfg.noisy_sigma, seed=cfg.seed)

@@ -21,7 +21,8 @@ depth t and for each kept partial path z:
 The plain PRM beam search over one model (the paper's "large model only" and the "small model only" baselines) is
 the same loop with a one-model expander, so the systems differ only in who writes the thoughts.
 
-Models exchange thoughts as text (`lmlab.core.steps.StepModel`: each model renders the question and the steps so far
+Models exchange thoughts as text (`lmlab.core.inference.steps.StepModel`: each model renders the question and the steps
+so far
 in its own prompt format). `ThoughtModel` adds two things a serving engine has (the paper ran vLLM): a prefix KV cache
 per model (only tokens the model has not processed yet are fed; after a switch of models that is the other model's
 new steps, counted as prefill) and batched sampling of n thoughts from one prefill. With ``prefix_cache=False`` every
@@ -44,11 +45,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lmlab.core.compute import ComputeMeter
-from lmlab.core.generation import cache_kwargs, crop_cache, filter_logits, new_cache
-from lmlab.core.scoring import encode_prompt
-from lmlab.core.seeding import derive_seed
-from lmlab.core.steps import Shot, StepModel, StepOutput
+from lmlab.core.inference.compute import ComputeMeter
+from lmlab.core.inference.generation import cache_kwargs, crop_cache, filter_logits, new_cache
+from lmlab.core.inference.scoring import encode_prompt
+from lmlab.core.inference.steps import Shot, StepModel, StepOutput
+from lmlab.core.stats.seeding import derive_seed
 
 AGGREGATES = ("mean", "min", "last", "prod")
 ESTIMATORS = ("mean", "max")
@@ -117,7 +118,7 @@ class ThoughtModel(StepModel):
 
     @property
     def flop_params(self) -> int:
-        from lmlab.core.models import flop_params
+        from lmlab.core.inference.models import flop_params
 
         return flop_params(self.model)
 

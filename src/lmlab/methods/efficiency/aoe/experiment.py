@@ -33,11 +33,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lmlab.core.plotting import bar_with_ci, title_for
-from lmlab.core.seeding import derive_seed
-from lmlab.core.timing import compare_timings
-from lmlab.core.tiny import make_word_tokenizer
-from lmlab.core.training import count_parameters, encode_documents, lm_loss, pretrain_lm
+from lmlab.core.inference.tiny import make_word_tokenizer
+from lmlab.core.report.plotting import bar_with_ci, title_for
+from lmlab.core.stats.seeding import derive_seed
+from lmlab.core.stats.timing import compare_timings
+from lmlab.core.training.pretrain import count_parameters, encode_documents, lm_loss, pretrain_lm
 from lmlab.methods.efficiency.aoe.method import (
     AoEMoE,
     DenseFFN,

@@ -33,10 +33,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lmlab.core.plotting import bar_with_ci, lines, quality_vs_compute, title_for
-from lmlab.core.seeding import derive_seed
-from lmlab.core.stats import spearman
-from lmlab.core.training import count_parameters, encode_documents, pretrain_lm
+from lmlab.core.report.plotting import bar_with_ci, lines, quality_vs_compute, title_for
+from lmlab.core.stats.seeding import derive_seed
+from lmlab.core.stats.uncertainty import spearman
+from lmlab.core.training.pretrain import count_parameters, encode_documents, pretrain_lm
 from lmlab.methods.efficiency.fp_quant_scaling.method import (
     PAPER_CONSTANTS,
     FPFormat,
@@ -85,7 +85,7 @@ def _runs(cfg: Any) -> list[Run]:
 def _make_model(cfg: Any, vocab: int, seed: int) -> Any:
     from transformers import AutoModelForCausalLM
 
-    from lmlab.core.tiny import tiny_config
+    from lmlab.core.inference.tiny import tiny_config
 
     mcfg = tiny_config("llama", n_layers=cfg.n_layers, hidden=cfg.hidden, vocab_size=vocab)
     mcfg.initializer_range = 0.02  # HF's default for from-scratch training (lmlab's test models use 0.5)
@@ -147,8 +147,8 @@ def _upturn(steps: list[int], losses: list[float], tol: float = 0.005) -> bool:
 
 
 def run(cfg: Any, ctx: Any):
-    from lmlab.core.models import model_info
-    from lmlab.core.tiny import make_byte_tokenizer
+    from lmlab.core.inference.models import model_info
+    from lmlab.core.inference.tiny import make_byte_tokenizer
 
     tok = make_byte_tokenizer(chat_template=False)
     train = ctx.data("corpus", None, split="train", kind="all")

@@ -14,7 +14,8 @@ class MemoryLayersConfig(BaseConfig):
     """Memory+ (Berges et al., ICML 2025) against dense models at equal and ~2x FLOPs and a parameter-matched MoE.
 
     Every model is a tiny Llama trained from scratch, in this process, on the same token stream in the same order
-    (`lmlab.core.training.pretrain_lm`): the `fact_corpus` documents plus closed-book QA about the *train* split of
+    (`lmlab.core.training.pretrain.pretrain_lm`): the `fact_corpus` documents plus closed-book QA about the *train*
+    split of
     the facts; evaluation asks the *test* facts with QA templates never seen in training, and held-out arithmetic
     (the non-factual control). `model` is unused: the models are built from scratch (the word tokenizer is fitted
     on the training text).

@@ -35,10 +35,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lmlab.core.plotting import bar_with_ci, quality_vs_compute, title_for
-from lmlab.core.timing import compare_timings
-from lmlab.core.tiny import make_word_tokenizer
-from lmlab.core.training import encode_documents, lm_loss, pretrain_lm
+from lmlab.core.inference.tiny import make_word_tokenizer
+from lmlab.core.report.plotting import bar_with_ci, quality_vs_compute, title_for
+from lmlab.core.stats.timing import compare_timings
+from lmlab.core.training.pretrain import encode_documents, lm_loss, pretrain_lm
 from lmlab.data.fact_corpus import TRAIN_TEMPLATES
 from lmlab.methods.efficiency.memory_layers.method import (
     SwitchMoE,

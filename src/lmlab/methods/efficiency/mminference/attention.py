@@ -1,4 +1,4 @@
-"""MMInference inside a Hugging Face model: an `AttentionController` of `lmlab.core.attention`.
+"""MMInference inside a Hugging Face model: an `AttentionController` of `lmlab.core.inference.attention`.
 
 ``with use_controller(model, MMInferenceController(...)):`` routes every attention call of a llama-style model
 through lmlab's one registered attention function (``"lmlab_sparse"``) to `MMInferenceController.attend`, which
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from lmlab.core.attention import AttentionController
+from lmlab.core.inference.attention import AttentionController
 from lmlab.methods.efficiency.mminference.method import sparse_prefill
 
 
@@ -125,7 +125,7 @@ class MMInferenceController(AttentionController):
             )
             return out.transpose(1, 2).contiguous(), None
         if self.mode == "shadow":
-            from lmlab.core.timing import compare_timings
+            from lmlab.core.stats.timing import compare_timings
 
             ref = dense()
             holder: dict[str, Any] = {}

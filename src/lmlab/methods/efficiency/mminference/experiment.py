@@ -17,7 +17,8 @@ accuracy and is faster than dense FlashAttention prefill (up to 8.3x at 1M token
    after >= 2 warm-ups, medians of per-round ratios), on `timing_layers` real layers evenly spaced over depth:
    (a) kernel level, per layer, in shadow mode: dense SDPA vs index build + sparse kernel on the same q, k, v;
    (b) end-to-end prefill of those layers inside the HF model (``logits_to_keep=1``), ``attn_implementation``
-   ``"sdpa"`` vs the MMInference controller (`lmlab.core.attention.use_controller`). Printed beside the ceilings:
+   ``"sdpa"`` vs the MMInference controller (`lmlab.core.inference.attention.use_controller`). Printed beside the
+   ceilings:
    1/rho per layer and the Amdahl bound 1/((1 - f) + f rho) with the measured attention share f and density rho.
 
 Claim checks (gated): at the first bench length, per-layer attention time (per (layer, round) pair) and
@@ -38,9 +39,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lmlab.core.attention import use_controller
-from lmlab.core.seeding import derive_seed
-from lmlab.core.timing import BudgetExceeded, compare_timings
+from lmlab.core.inference.attention import use_controller
+from lmlab.core.stats.seeding import derive_seed
+from lmlab.core.stats.timing import BudgetExceeded, compare_timings
 from lmlab.data.ruler import filler_text
 from lmlab.data.ruler import grade as ruler_grade
 from lmlab.methods.efficiency.mminference.attention import MMInferenceController

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from lmlab.core.attention import (
+from lmlab.core.inference.attention import (
     chunk_positions,
     gather_tokens,
     group_scores,

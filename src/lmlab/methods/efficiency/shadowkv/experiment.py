@@ -20,7 +20,8 @@ with a >6x smaller resident KV footprint (and, on an A100, up to 3.04x decode th
    layer, on the first fidelity prompt.
 5. Decode-attention microbenchmark (one layer, the model's head shapes, `bench_tokens` synthetic context): dense
    SDPA over pre-allocated contiguous K/V vs ShadowKV (selection + rebuild + gather + attention) vs Quest,
-   interleaved (`lmlab.core.timing.compare_timings`, 1 thread), at each batch size, beside the bytes-read ceiling.
+   interleaved (`lmlab.core.stats.timing.compare_timings`, 1 thread), at each batch size, beside the bytes-read
+   ceiling.
 
 Claim check (computed): at the headline budget KL(ShadowKV) < KL(Quest) and < KL(StreamingLLM) (paired over prompt
 x step, resampled by prompt: n = prompts); reported: < KL(Loki), top-1 agreement, gated retrieval, pre- vs
@@ -39,8 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.attention import rope_at, softmax_scale, tensor_bytes, use_controller
-from lmlab.core.timing import BudgetExceeded
+from lmlab.core.inference.attention import rope_at, softmax_scale, tensor_bytes, use_controller
+from lmlab.core.stats.timing import BudgetExceeded
 from lmlab.methods.efficiency.shadowkv.baselines import KeyCollector, Loki, Quest, StreamingLLM, loki_basis
 from lmlab.methods.efficiency.shadowkv.method import (
     KVSelectionController,
@@ -366,7 +367,7 @@ def _bench_candidates(bsz: int, n: int, heads: tuple, skv: ShadowKV, quest: Ques
 
 
 def _bench(cfg: Any, ctx: Any, model: Any) -> list[dict]:
-    from lmlab.core.timing import compare_timings
+    from lmlab.core.stats.timing import compare_timings
 
     hq, hkv, d = _heads(model)
     n = cfg.bench_tokens

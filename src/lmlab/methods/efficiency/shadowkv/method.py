@@ -24,7 +24,8 @@ Decode, per layer, for the q new tokens (1 at a decode step, more for a follow-u
    among themselves. Local and outlier tokens are on top of the sparse budget (reference; issue #15).
 
 Baselines (``baselines.py``) share the `Selector` interface: full attention, Quest, Loki and StreamingLLM.
-Everything runs inside a real HF model through `lmlab.core.attention.use_controller` and `KVSelectionController`.
+Everything runs inside a real HF model through `lmlab.core.inference.attention.use_controller` and
+`KVSelectionController`.
 
 Models (`model_support`): Llama (pre-RoPE keys = ``k_proj(x)``) and Gemma-3 text (pre-RoPE keys =
 ``k_norm(k_proj(x))``, the tensor transformers' `Gemma3Attention` rotates). Only full-attention layers are sparsified;
@@ -42,7 +43,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lmlab.core.attention import (
+from lmlab.core.inference.attention import (
     AttentionController,
     _hf_sdpa,
     chunk_positions,

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.methods.evaluation.cv_winrate.method import (
     LogisticJudge,
     bt_judge,
@@ -205,7 +205,7 @@ def _claims(ns: list[int], n_claim: int, vals: dict) -> list[Claim]:
 
 
 def _figure(ctx: Any, cfg: Any, ns: list[int]) -> None:
-    from lmlab.core.plotting import lines, title_for
+    from lmlab.core.report.plotting import lines, title_for
 
     series = {}
     for system in ("human_only", "cv", "ppi", "synthetic_only", "cv_finetuned"):

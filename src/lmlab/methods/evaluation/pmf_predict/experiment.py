@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.methods.evaluation.pmf_predict.method import (
     PMF,
     active_reveal,
@@ -243,7 +243,7 @@ def _claims(cfg: Any, other_prior: str) -> list[Claim]:
 
 
 def _figures(ctx: Any, cfg: Any, curves: dict[str, list[list[float]]]) -> None:
-    from lmlab.core.plotting import bar_with_ci, lines, title_for
+    from lmlab.core.report.plotting import bar_with_ci, lines, title_for
 
     for lvl in cfg.mask_levels:
         tag = f"rmse_m{int(round(100 * float(lvl)))}"

@@ -75,7 +75,7 @@ class PotemkinConfig(BaseConfig):
         if len(set(self.models)) != len(self.models):
             raise ValueError(f"models must not repeat, got {self.models}")
         if self.backend != "local":
-            from lmlab.core.backends import parse_backend
+            from lmlab.core.execution.backends import parse_backend
 
             try:
                 parse_backend(self.backend)

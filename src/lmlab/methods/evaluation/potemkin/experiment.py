@@ -10,7 +10,7 @@ exact-graded suite questions (arithmetic, capitals): a right keystone answer, a 
 generator, the model's answer, the model's yes/no self-grade. Incoherence: generate an example (odd attempts) or a
 non-example (even), then self-classify it.
 
-Every LLM system goes through `lmlab.core.backends` (a local model or any OpenAI-compatible endpoint with
+Every LLM system goes through `lmlab.core.execution.backends` (a local model or any OpenAI-compatible endpoint with
 ``backend=openai:URL``). The oracle (programmatic solver) and a random responder answer the same questions.
 
 Claims (computed from this run, each LLM system against the oracle's 0): potemkin rate on classify / generate /
@@ -91,7 +91,7 @@ def _lb_questions(ctx: Any, cfg: Any) -> list[tuple[Question, Question]]:
 
 def _agents(ctx: Any, cfg: Any) -> list[tuple[str, Any, bool]]:
     """``(system, agent, gated)`` of each LLM system: the local `models`, or the one `backend` spec."""
-    from lmlab.core.backends import LocalBackend, make_backend, parse_backend
+    from lmlab.core.execution.backends import LocalBackend, make_backend, parse_backend
 
     if cfg.backend != "local":
         kind, arg = parse_backend(cfg.backend)
@@ -262,7 +262,7 @@ def _claims(ctx: Any, llms: Sequence[tuple[str, Any, bool]]) -> list[Claim]:
 
 
 def _figure(ctx: Any, cfg: Any, systems: Sequence[str]) -> None:
-    from lmlab.core.plotting import bar_with_ci, title_for
+    from lmlab.core.report.plotting import bar_with_ci, title_for
 
     for metric in ("potemkin_classify", "potemkin_generate", "potemkin_edit", "incoherence", "lower_bound"):
         rows = [m for m in ctx.metrics if m.metric == metric and m.system in systems]

@@ -14,7 +14,8 @@ answer or the grade is wrong, and either is a potemkin.
 
 Everything an LLM does here goes through an `Agent` with lm-evaluation-harness's three request types: `choose`
 (multiple choice by summed log-likelihood per character), `yes_no` (log p(" Yes") vs log p(" No")) and `text`
-(greedy chat generation). `BackendAgent` runs them on any `lmlab.core.backends.TextBackend` (a local model or an
+(greedy chat generation). `BackendAgent` runs them on any `lmlab.core.execution.backends.TextBackend` (a local model or
+an
 OpenAI-compatible server; ``mode="chat"`` for chat-only endpoints, which parses letters and yes/no from chat
 replies); `OracleAgent` (the programmatic solver) and `RandomAgent` are the metric controls. Judging (the self-grade
 of Procedure 2, the self-classification of incoherence) is the same agent: the paper's self-judging, as the paper
@@ -115,7 +116,7 @@ class BackendAgent:
     """An LLM behind a `TextBackend` (module docstring).
 
     Args:
-        backend (`TextBackend`): `lmlab.core.backends.LocalBackend` or `OpenAIBackend`.
+        backend (`TextBackend`): `lmlab.core.execution.backends.LocalBackend` or `OpenAIBackend`.
         mode (`str`, defaults to ``"completions"``): ``completions`` scores and generates on plain
             ``"Question: ...\\nAnswer:"`` prompts (needs a server that echoes prompt log-probs, such as `lmlab serve`
             or vLLM); ``chat`` asks everything through chat and parses a letter / yes / no from the reply (any

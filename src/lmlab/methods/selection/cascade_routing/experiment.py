@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.methods.selection.cascade_routing.method import (
     CascadeRouter,
     Estimates,
@@ -292,7 +292,7 @@ def run(cfg: Any, ctx: Any) -> Any:
 
 
 def _figures(ctx: Any, cfg: Any, samples: list[dict[str, Any]]) -> None:
-    from lmlab.core.plotting import bar_with_ci, lines, title_for
+    from lmlab.core.report.plotting import bar_with_ci, lines, title_for
 
     rows = [m for m in ctx.metrics if m.metric == "auc"]
     ctx.add_figure("auc", bar_with_ci(rows, title=title_for("cascade_routing", cfg.cache, cfg.seed, cfg.splits,

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.methods.selection.kabb.method import (
     KABB,
     UCB1,
@@ -258,7 +258,7 @@ def run(cfg: Any, ctx: Any) -> Any:
 
 
 def _figure(ctx: Any, cfg: Any) -> None:
-    from lmlab.core.plotting import bar_with_ci, title_for
+    from lmlab.core.report.plotting import bar_with_ci, title_for
 
     rows = [m for m in ctx.metrics if m.metric == "accuracy"]
     ctx.add_figure("accuracy", bar_with_ci(rows, title=title_for("kabb", cfg.cache, cfg.seed, cfg.seeds,

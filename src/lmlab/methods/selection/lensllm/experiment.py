@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed
 from lmlab.results import Claim
 
 SUITE = "taskbank"
@@ -78,8 +78,8 @@ class FineTune:
 
 def truncated(model: Any, n_layers: int) -> Any:
     """The ``base-trunc<N>`` candidate: `model`'s first `n_layers` blocks with its final norm and head, weights shared
-    (`lmlab.core.partial.truncated_model`)."""
-    from lmlab.core.partial import truncated_model
+    (`lmlab.core.training.partial.truncated_model`)."""
+    from lmlab.core.training.partial import truncated_model
 
     total = len(model.model.layers)
     if not 1 <= n_layers <= total:
@@ -88,11 +88,11 @@ def truncated(model: Any, n_layers: int) -> Any:
 
 
 def _load_candidate(name: str, cfg: Any, ctx: Any, base: list[Any]) -> tuple[Any, Any, bool]:
-    from lmlab.core.models import model_info
+    from lmlab.core.inference.models import model_info
     from lmlab.methods.selection.lensllm.config import TINY_VARIANTS
 
     if name in TINY_VARIANTS:
-        from lmlab.core.tiny import make_byte_tokenizer, make_tiny_llama
+        from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_llama
 
         seed, layers, hidden = TINY_VARIANTS[name]
         model = make_tiny_llama(seed, n_layers=layers, hidden=hidden)
@@ -112,11 +112,11 @@ def _load_candidate(name: str, cfg: Any, ctx: Any, base: list[Any]) -> tuple[Any
 
 
 def _candidate(name: str, cfg: Any, ctx: Any, base: list[Any], sets: dict[str, list[Any]]) -> Candidate:
-    from lmlab.core.lora import PaddedCache
-    from lmlab.core.partial import FrozenTrunk
-    from lmlab.core.scoring import _pad_id
-    from lmlab.core.sft import encode_sequences
-    from lmlab.core.training import count_parameters
+    from lmlab.core.inference.scoring import _pad_id
+    from lmlab.core.training.lora import PaddedCache
+    from lmlab.core.training.partial import FrozenTrunk
+    from lmlab.core.training.pretrain import count_parameters
+    from lmlab.core.training.sft import encode_sequences
     from lmlab.data.taskbank import answer_request
 
     model, tok, full_ft = _load_candidate(name, cfg, ctx, base)
@@ -152,7 +152,7 @@ def _candidate(name: str, cfg: Any, ctx: Any, base: list[Any], sets: dict[str, l
 
 
 def _mean_nll(policy: Any, cache: Any) -> float:
-    from lmlab.core.lora import answer_scores
+    from lmlab.core.training.lora import answer_scores
 
     nll, _ = answer_scores(policy, cache)
     return float(np.mean(nll))
@@ -162,9 +162,9 @@ def finetune(cand: Candidate, rows: Sequence[int], cfg: Any, seed: int, init_see
     """Fine-tune a fresh copy on `rows` of the train pool; early stopping on validation; the test loss of the best
     validation checkpoint. `seed` orders the data; `init_seed` (default `seed`) draws the adapter init (`ntk_of`
     with the same value sees the same init)."""
-    from lmlab.core.lora import adamw, index_batches
-    from lmlab.core.partial import response_token_logps
-    from lmlab.core.preference import weighted_sft_loss
+    from lmlab.core.training.lora import adamw, index_batches
+    from lmlab.core.training.partial import response_token_logps
+    from lmlab.core.training.preference import weighted_sft_loss
 
     torch.manual_seed(derive_seed(seed if init_seed is None else init_seed, "init", cand.name))
     policy = cand.build()
@@ -210,7 +210,7 @@ def finetune(cand: Candidate, rows: Sequence[int], cfg: Any, seed: int, init_see
 
 def ntk_of(cand: Candidate, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Θ and r₀ = f₀(X) (Y = 0) on the probes, w.r.t. the trainable parameters at the seed's adapter init."""
-    from lmlab.core.partial import response_token_logps
+    from lmlab.core.training.partial import response_token_logps
     from lmlab.methods.selection.lensllm.method import empirical_ntk
 
     torch.manual_seed(derive_seed(seed, "init", cand.name))
@@ -369,7 +369,7 @@ def claims(alt: str = "lensllm_phase") -> list[Claim]:
 
 def _figure(ctx: Any, cfg: Any, names: list[str], sizes: list[int], target: int, seeds: list[int],
             zero: dict[str, float], runs: dict[tuple[str, int, int], FineTune]) -> None:  # fmt: skip
-    from lmlab.core.plotting import bar_with_ci, lines, title_for
+    from lmlab.core.report.plotting import bar_with_ci, lines, title_for
 
     xs = [math.log2(d) if d > 0 else -1.0 for d in [*sizes, target]]
     series = {n: [float(np.mean([zero[n] if d == 0 else runs[(n, d, s)].test_loss for s in seeds]))

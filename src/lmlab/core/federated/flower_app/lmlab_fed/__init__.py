@@ -1,0 +1,1 @@
+"""Thin Flower app modules: the logic lives in `lmlab.core.federated.engine` (lmlab must be installed)."""

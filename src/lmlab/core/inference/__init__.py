@@ -1,0 +1,2 @@
+"""Running a model: loading (models, tiny), the fast decode engine, generation, scoring, hooks and
+attention controls, interventions, embeddings, step-wise decoding."""

@@ -1,0 +1,1 @@
+"""Rendering a run: report blocks (markdown / HTML), plots, and the environment record."""
