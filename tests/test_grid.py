@@ -12,7 +12,7 @@ import pytest
 
 from lmlab import grid as G
 from lmlab.registry import get_method
-from lmlab.runner import reproduce
+from lmlab.reproduce import reproduce
 
 CHEAP = ["cv_winrate", "wanda"]  # cv_winrate runs on the response cache (no model), wanda on the tiny llama
 SMOKE = {"threads": 1}

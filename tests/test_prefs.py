@@ -7,7 +7,7 @@ import pytest
 from lmlab.data import SPLITS, grade
 from lmlab.data.prefs import build_pairs
 from lmlab.data.respcache import ResponseCache
-from lmlab.data.zoo import suite_queries
+from lmlab.data.respsuite import suite_queries
 
 
 def _cache(queries, answers):

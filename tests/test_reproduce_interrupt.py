@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from lmlab import grid as G
-from lmlab.runner import reproduce
+from lmlab.reproduce import reproduce
 
 IDS = ["cv_winrate", "kabb", "pmf_predict"]
 SEEDS = [0, 1]

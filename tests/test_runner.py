@@ -7,8 +7,9 @@ import re
 
 import pytest
 
+from lmlab.reproduce import reproduce
 from lmlab.results import Claim, RunResult, evaluate_claim
-from lmlab.runner import reproduce, run_method
+from lmlab.runner import run_method
 
 SMOKE = {"model": "tiny-llama", "threads": 1}
 

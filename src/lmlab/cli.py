@@ -208,7 +208,8 @@ def _print_seed_summary(results: list[Any]) -> None:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from lmlab.runner import quiet_transformers, reproduce
+    from lmlab.reproduce import reproduce
+    from lmlab.runner import quiet_transformers
 
     preset = "quick" if args.quick else args.preset
     args.ids = list(args.ids) + list(args.only)
@@ -590,7 +591,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from lmlab.data.respcache import cache_filename, load_cache
-    from lmlab.data.zoo import build_cache, format_matrix
+    from lmlab.zoo.build import build_cache, format_matrix
 
     if args.cache_command == "build":
         if args.n < 1:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmlab.data.zoo import build_cache
+from lmlab.zoo.build import build_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 

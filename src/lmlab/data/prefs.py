@@ -32,7 +32,7 @@ from lmlab.data import SPLITS, Example, register_suite, reject_unknown, seeded_r
 def build_pairs(
     cache: Any, queries: Sequence[Any], *, seed: int = 0, per_query: int = 1, split: str | None = None
 ) -> list[Example]:
-    """Pairs of `cache` (a `ResponseCache`) over `queries` (its `lmlab.data.zoo.Query` list, same ids).
+    """Pairs of `cache` (a `ResponseCache`) over `queries` (its `lmlab.data.respsuite.Query` list, same ids).
 
     Each query gives up to `per_query` (chosen, rejected) pairs with distinct variants and answers: the shortest
     correct answers first, ties and the rejected side drawn with `seed`.
@@ -102,7 +102,7 @@ def generate(
     """`n` pairs (all when None) of the `split` queries of the (`suite`, `cache_seed`) response cache."""
     reject_unknown("prefs", unknown, ("suite", "cache_seed", "per_query", "cache_path"))
     from lmlab.data.respcache import load_cache
-    from lmlab.data.zoo import suite_queries
+    from lmlab.data.respsuite import suite_queries
 
     cache = load_cache(suite, cache_seed, path=cache_path)
     n_queries = int(cache.meta.get("n") or len(cache.query_ids))

@@ -13,8 +13,9 @@ informational only. A variant that failed to build is recorded in `failed` (vari
 
 Storage: one JSON-lines file per (suite, seed), gzip-compressed, first line a header
 ``{"schema": SCHEMA_VERSION, "suite": ..., "seed": ..., "variants": {...}, "failed": {...}}``, then one row per line.
-Written atomically (temp file + rename). This module holds the schema, the table and its views; the zoo and the
-builder (`lmlab cache build`) live in `lmlab.data.zoo`.
+Written atomically (temp file + rename). This module holds the schema, the table and its views; the queries of the
+cache's suites live in `lmlab.data.respsuite`, the zoo and the builder (`lmlab cache build`) in `lmlab.zoo` (above
+the methods; `lmlab.zoo.build`).
 """
 
 from __future__ import annotations
