@@ -58,7 +58,9 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
 	else echo "no chromium and no root apt-get: the browser test will skip"; fi
 
+# lint-imports: the layering contracts of pyproject's [tool.importlinter] (core < data < methods < runner < ... < cli)
 test: install browser
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.lmlab

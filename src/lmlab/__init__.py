@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from lmlab.version import __version__
 
 
 def list_methods(area: str | None = None, tag: str | None = None) -> list[Any]:

@@ -376,7 +376,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from lmlab import __version__
+    from lmlab.version import __version__
     from lmlab.registry import AREAS
 
     parser = argparse.ArgumentParser(

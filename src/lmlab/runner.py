@@ -273,10 +273,10 @@ def run_method(
         engine (`str`, *optional*): decode engine for this run (``fast``, ``fast-int4``, ``hf``; see
             `lmlab.core.inference.generation`); None keeps the process default (``fast`` where the model supports it).
     """
-    from lmlab import __version__
     from lmlab.core.inference import engine as engines
     from lmlab.core.report.envinfo import env_info
     from lmlab.core.stats.seeding import set_seed, set_threads
+    from lmlab.version import __version__
 
     spec = get_method(method_id)
     missing = spec.missing_requirements()

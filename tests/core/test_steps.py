@@ -9,9 +9,9 @@ from lmlab.core.inference.compute import ComputeMeter
 from lmlab.core.inference.generation import decode
 from lmlab.core.inference.scoring import encode_prompt
 from lmlab.core.inference.steps import Shot, StepModel
+from lmlab.data.capital_prms import capital_shots
 from lmlab.data.capital_steps import step_prefixes
 from lmlab.data.countries import STOP_MARKERS
-from lmlab.methods.decoding.capitals import capital_shots
 
 
 def test_render_formats(tiny_llama, tiny_tokenizer):

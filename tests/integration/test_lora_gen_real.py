@@ -49,17 +49,18 @@ def test_merged_smollm2_saves_and_loads_back_as_a_model(smollm2, tmp_path):
     import torch
 
     from lmlab.core.inference.models import load_model, save_hf_folder
-    from lmlab.methods.compression.lora_gen import method as M
+    from lmlab.methods.compression.lora_gen.edge import target_modules, top_layer_ids
+    from lmlab.methods.compression.lora_gen.method import LoRAGenerator, export_peft
 
     model, tok = smollm2
     edge = copy.deepcopy(model)
-    mods = M.target_modules(edge, M.top_layer_ids(edge, 2), ["gate_proj", "up_proj", "down_proj"])
-    gen = M.LoRAGenerator(16, {n: tuple(m.weight.shape) for n, m in mods.items()}, seed=0)
+    mods = target_modules(edge, top_layer_ids(edge, 2), ["gate_proj", "up_proj", "down_proj"])
+    gen = LoRAGenerator(16, {n: tuple(m.weight.shape) for n, m in mods.items()}, seed=0)
     with torch.no_grad():
         for b in gen.B:
             b.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(1))
     gates = gen.gate(torch.randn(1, 5, 16, generator=torch.Generator().manual_seed(2))).gates[0]
-    merged = M.export_peft(edge, gen, gates).merge_and_unload()
+    merged = export_peft(edge, gen, gates).merge_and_unload()
     save_hf_folder(merged, tok, tmp_path / "smollm2-lora-gen")
     loaded, loaded_tok = load_model(str(tmp_path / "smollm2-lora-gen"), fresh=True)
     name = gen.module_names[0]

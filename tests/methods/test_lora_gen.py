@@ -7,8 +7,35 @@ import copy
 import pytest
 import torch
 
-from lmlab.methods.compression.lora_gen import method as M
+from lmlab.methods.compression.lora_gen.baselines import (
+    cache_prompt_context,
+    lora_parameters,
+    train_lora,
+    train_lora_ctx,
+    train_lora_per_task,
+)
+from lmlab.methods.compression.lora_gen.edge import (
+    EdgeTop,
+    Packed,
+    answer_loss,
+    pack,
+    score_logits,
+    score_with_prefix,
+    stop_token_ids,
+    target_modules,
+    top_layer_ids,
+)
+from lmlab.methods.compression.lora_gen.method import (
+    LoRAGenerator,
+    MixtureHooks,
+    export_peft,
+    keep_top_k_softmax,
+    merge_deltas,
+    train_generator,
+    unmerge,
+)
 from lmlab.methods.compression.lora_gen.tasks import build_tasks, system_prompt, task_names
+from lmlab.methods.compression.lora_gen.training import batch_stream
 
 TARGETS = ["gate_proj", "up_proj", "down_proj"]
 PROMPTS = ["Given a word, reply with its first letter.\nplanet -> p\n", "Given a country, reply with its continent.\n"]
@@ -20,8 +47,8 @@ def edge(tiny_llama):
 
 
 def _generator(model, *, n_experts=4, rank=2, top_k=2, seed=0, random_b=True):
-    mods = M.target_modules(model, M.top_layer_ids(model, 2), TARGETS)
-    gen = M.LoRAGenerator(
+    mods = target_modules(model, top_layer_ids(model, 2), TARGETS)
+    gen = LoRAGenerator(
         32, {n: tuple(m.weight.shape) for n, m in mods.items()}, n_experts=n_experts, rank=rank, top_k=top_k, seed=seed
     )
     if random_b:  # B starts at 0 (Delta W = 0); give it values so the equalities below are not trivially 0 = 0
@@ -47,7 +74,7 @@ def _weights(model):
 def test_keep_top_k_softmax_sums_to_one_with_exactly_k_entries():
     logits = torch.randn(5, 3, 8, generator=torch.Generator().manual_seed(0))
     for k in (1, 2, 8):
-        g = M.keep_top_k_softmax(logits, k)
+        g = keep_top_k_softmax(logits, k)
         assert torch.allclose(g.sum(-1), torch.ones(5, 3))
         assert (g.gt(0).sum(-1) == k).all()
         # the kept entries are the k largest logits, and their ratio is exp(logit difference) (a softmax over them)
@@ -55,10 +82,10 @@ def test_keep_top_k_softmax_sums_to_one_with_exactly_k_entries():
         assert (
             logits.masked_fill(~kept, float("inf")).amin(-1) >= logits.masked_fill(kept, -float("inf")).amax(-1)
         ).all()
-    g = M.keep_top_k_softmax(torch.tensor([[0.0, 1.0, 3.0]]), 2)
+    g = keep_top_k_softmax(torch.tensor([[0.0, 1.0, 3.0]]), 2)
     assert torch.allclose(g, torch.tensor([[0.0, 1 / (1 + torch.e**2), torch.e**2 / (1 + torch.e**2)]]))
     with pytest.raises(ValueError, match="k must be"):
-        M.keep_top_k_softmax(logits, 9)
+        keep_top_k_softmax(logits, 9)
 
 
 def test_generator_output_shapes_and_gate_properties(edge):
@@ -87,18 +114,18 @@ def test_zero_mixture_is_the_base_model_exactly(edge, tiny_tokenizer):
     gen = _generator(edge)
     ids = tiny_tokenizer("France -> Europe", return_tensors="pt").input_ids
     before_w, before = _weights(edge), edge(ids).logits
-    originals = M.merge_deltas(edge, gen.deltas(torch.zeros(gen.n_layers, gen.n_experts)))
+    originals = merge_deltas(edge, gen.deltas(torch.zeros(gen.n_layers, gen.n_experts)))
     after_w = _weights(edge)
     assert all(torch.equal(before_w[k], after_w[k]) for k in before_w)
     assert torch.equal(edge(ids).logits, before)
-    M.unmerge(edge, originals)
+    unmerge(edge, originals)
 
 
 def test_merged_weights_are_base_plus_scaled_sum_of_expert_products(edge):
     gen = _generator(edge, n_experts=4, rank=2, top_k=2)
     gates = gen.gate(*_cloud()).gates[1]
     base = _weights(edge)
-    originals = M.merge_deltas(edge, gen.deltas(gates))
+    originals = merge_deltas(edge, gen.deltas(gates))
     for j, name in enumerate(gen.module_names):
         layer = gen.module_layer[j]
         expected = base[name + ".weight"].clone()
@@ -112,7 +139,7 @@ def test_merged_weights_are_base_plus_scaled_sum_of_expert_products(edge):
             @ torch.einsum("n,nri->ri", gates[layer], gen.A[j])
         )
         assert not torch.allclose(edge.get_submodule(name).weight - base[name + ".weight"], wrong, atol=1e-6)
-    M.unmerge(edge, originals)
+    unmerge(edge, originals)
 
 
 def test_merge_then_unmerge_restores_weights_bit_for_bit(edge):
@@ -120,9 +147,9 @@ def test_merge_then_unmerge_restores_weights_bit_for_bit(edge):
     base = _weights(edge)
     gates = gen.gate(*_cloud()).gates
     for t in range(3):  # several tasks in a row, as in the experiment's evaluation loop
-        originals = M.merge_deltas(edge, gen.deltas(gates[t]))
+        originals = merge_deltas(edge, gen.deltas(gates[t]))
         assert any(not torch.equal(base[n + ".weight"], edge.get_submodule(n).weight) for n in gen.module_names)
-        M.unmerge(edge, originals)
+        unmerge(edge, originals)
     assert all(torch.equal(v, edge.state_dict()[k]) for k, v in base.items())
 
 
@@ -130,14 +157,14 @@ def test_merged_forward_equals_unmerged_mixture_forward(edge, tiny_tokenizer):
     gen = _generator(edge)
     gates = gen.gate(*_cloud()).gates
     ids = tiny_tokenizer(["planet -> p", "France -> [Europe]"], return_tensors="pt", padding=True).input_ids
-    with torch.no_grad(), M.MixtureHooks(edge, gen) as hooks:
+    with torch.no_grad(), MixtureHooks(edge, gen) as hooks:
         hooks.gates = gates[:2]  # per-example gates: row 0 task 0, row 1 task 1
         unmerged = edge(ids).logits
     for row in range(2):
-        originals = M.merge_deltas(edge, gen.deltas(gates[row]))
+        originals = merge_deltas(edge, gen.deltas(gates[row]))
         with torch.no_grad():
             merged = edge(ids[row : row + 1]).logits
-        M.unmerge(edge, originals)
+        unmerge(edge, originals)
         assert torch.allclose(merged, unmerged[row : row + 1], atol=1e-4)
 
 
@@ -145,21 +172,21 @@ def test_peft_cat_export_merges_to_the_same_weights_and_unloads(edge, tiny_token
     gen = _generator(edge)
     gates = gen.gate(*_cloud()).gates[2]
     base = _weights(edge)
-    peft_model = M.export_peft(copy.deepcopy(edge), gen, gates)
+    peft_model = export_peft(copy.deepcopy(edge), gen, gates)
     lora = peft_model.base_model.model.get_submodule(gen.module_names[0])
     assert lora.r["lora_gen"] == gen.top_k * gen.rank and lora.scaling["lora_gen"] == pytest.approx(gen.scale)
     ids = tiny_tokenizer("planet ->", return_tensors="pt").input_ids
     with torch.no_grad():
         unmerged_peft = peft_model(ids).logits
         merged = peft_model.merge_and_unload()
-    originals = M.merge_deltas(edge, gen.deltas(gates))
+    originals = merge_deltas(edge, gen.deltas(gates))
     for name in gen.module_names:
         assert torch.allclose(merged.get_submodule(name).weight, edge.get_submodule(name).weight, atol=1e-6)
     with torch.no_grad():
         assert torch.allclose(edge(ids).logits, unmerged_peft, atol=1e-4)
-    M.unmerge(edge, originals)
+    unmerge(edge, originals)
     # peft's merge/unmerge toggle gives the base weights back (within float tolerance)
-    again = M.export_peft(copy.deepcopy(edge), gen, gates)
+    again = export_peft(copy.deepcopy(edge), gen, gates)
     again.merge_adapter()
     again.unmerge_adapter()
     restored = again.unload()
@@ -172,7 +199,7 @@ def test_merged_model_saves_as_an_hf_folder_that_load_model_reads(edge, tiny_tok
 
     gen = _generator(edge)
     gates = gen.gate(*_cloud()).gates[0]
-    merged = M.export_peft(copy.deepcopy(edge), gen, gates).merge_and_unload()
+    merged = export_peft(copy.deepcopy(edge), gen, gates).merge_and_unload()
     save_hf_folder(merged, tiny_tokenizer, tmp_path / "merged")
     loaded, tok = load_model(str(tmp_path / "merged"), fresh=True)
     ids = tok("planet ->", return_tensors="pt").input_ids
@@ -193,38 +220,38 @@ def test_edge_top_on_cached_trunk_equals_the_full_forward(tiny_llama, tiny_token
     pairs.append(
         (tiny_tokenizer("planet ->")["input_ids"], tiny_tokenizer(" p", add_special_tokens=False)["input_ids"])
     )
-    packed = M.pack(pairs, pad_id=0, stop_id=tiny_tokenizer("\n")["input_ids"][-1])
+    packed = pack(pairs, pad_id=0, stop_id=tiny_tokenizer("\n")["input_ids"][-1])
     assert packed.target.tolist()[: len(pairs[0][1]) + 1] == pairs[0][1] + [packed.ids[0, len(sum(pairs[0], []))]]
-    top = M.EdgeTop(model, 2)
+    top = EdgeTop(model, 2)
     assert top.start == 2 and top.top_ids == [2, 3]
     with torch.no_grad():
         cached = top.answer_logits(top.trunk(packed.ids), packed)
         full = model(packed.ids).logits[packed.pos_b, packed.pos_t]
     assert torch.allclose(cached, full, atol=1e-4)
     # the whole model as "top" (n_top >= layers) works too: the trunk is the embedding output
-    all_top = M.EdgeTop(model, 10)
+    all_top = EdgeTop(model, 10)
     with torch.no_grad():
         assert torch.allclose(all_top.answer_logits(all_top.trunk(packed.ids), packed), full, atol=1e-4)
 
 
 def test_greedy_exact_match_and_prefix_scoring(tiny_llama, tiny_tokenizer):
-    stops = M.stop_token_ids(tiny_tokenizer)
+    stops = stop_token_ids(tiny_tokenizer)
     newline = tiny_tokenizer("\n")["input_ids"][-1]
     assert newline in stops and tiny_tokenizer.eos_token_id in stops
     prefix = tiny_tokenizer("Reply with the first letter.\n")["input_ids"]
     pairs = [(tiny_tokenizer("planet ->")["input_ids"], tiny_tokenizer(" p")["input_ids"])]
-    packed = M.pack(pairs, 0, newline)
-    joint = M.pack([(prefix + p, a) for p, a in pairs], 0, newline)
+    packed = pack(pairs, 0, newline)
+    joint = pack([(prefix + p, a) for p, a in pairs], 0, newline)
     with torch.no_grad():
         logits = tiny_llama(joint.ids).logits[joint.pos_b, joint.pos_t]
-        one_pass = M.score_logits(logits, joint, stops)
-        shared = M.score_with_prefix(tiny_llama, prefix, packed, stops)
+        one_pass = score_logits(logits, joint, stops)
+        shared = score_with_prefix(tiny_llama, prefix, packed, stops)
     assert shared.exact == one_pass.exact and shared.nll == pytest.approx(one_pass.nll, abs=1e-4)
     # exact match is all-or-nothing: the argmax itself as the answer scores 1
     pred = logits.argmax(-1)
-    forced = M.Packed(joint.ids, joint.pos_b, joint.pos_t, pred.clone(), joint.is_stop, joint.prompt_len)
+    forced = Packed(joint.ids, joint.pos_b, joint.pos_t, pred.clone(), joint.is_stop, joint.prompt_len)
     forced.target[forced.is_stop] = newline
-    score = M.score_logits(logits, forced, stops | {int(pred[-1])})
+    score = score_logits(logits, forced, stops | {int(pred[-1])})
     assert score.exact == [1.0] and score.predicted == [pred[:-1].tolist()]
 
 
@@ -235,13 +262,13 @@ def test_training_changes_the_trainable_parameters_and_only_them(edge, tiny_toke
         (tiny_tokenizer(q)["input_ids"], tiny_tokenizer(a, add_special_tokens=False)["input_ids"])
         for q, a in [("planet ->", " p"), ("France ->", " Europe"), ("garden ->", " g"), ("Peru ->", " South America")]
     ]
-    packed = M.pack(pairs, 0, tiny_tokenizer("\n")["input_ids"][-1])
-    top = M.EdgeTop(edge, 2)
+    packed = pack(pairs, 0, tiny_tokenizer("\n")["input_ids"][-1])
+    top = EdgeTop(edge, 2)
     hidden = top.trunk(packed.ids)
     states, mask = _cloud(batch=2)
     gen.set_cloud_stats(states, mask)
     before, edge_before = {k: v.clone() for k, v in gen.state_dict().items()}, _weights(edge)
-    log = M.train_generator(
+    log = train_generator(
         gen, top, hidden, packed, [0, 1, 0, 1], states, mask, {0: [0], 1: [1]},
         steps=3, tasks_per_step=2, per_task=2, lr=1e-2, balance_weight=0.1,
     )  # fmt: skip
@@ -254,7 +281,7 @@ def test_training_changes_the_trainable_parameters_and_only_them(edge, tiny_toke
 
 
 def test_balance_loss_penalises_collapse():
-    gen = M.LoRAGenerator(8, {"model.layers.0.mlp.up_proj": (4, 4)}, n_experts=4, rank=1, top_k=1)
+    gen = LoRAGenerator(8, {"model.layers.0.mlp.up_proj": (4, 4)}, n_experts=4, rank=1, top_k=1)
     uniform = torch.eye(4)[:, None, :]  # four tasks, one expert each
     collapsed = torch.zeros(4, 1, 4)
     collapsed[:, 0, 0] = 1.0
@@ -315,7 +342,7 @@ def _peft(model, r=4, adapter="default", seed=0, random_b=False):
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
-    cfg = LoraConfig(r=r, lora_alpha=2 * r, target_modules=TARGETS, layers_to_transform=M.top_layer_ids(model, 2),
+    cfg = LoraConfig(r=r, lora_alpha=2 * r, target_modules=TARGETS, layers_to_transform=top_layer_ids(model, 2),
                      lora_dropout=0.0, init_lora_weights=not random_b)  # fmt: skip
     return get_peft_model(model, cfg, adapter_name=adapter), cfg
 
@@ -341,18 +368,18 @@ def test_shared_prefix_top_pass_equals_the_full_forward_with_the_prompt(tiny_tok
     model = make_tiny_llama(seed=1, n_layers=4)
     peft_model, _ = _peft(model, random_b=True)  # B != 0: the LoRA changes the prompt's keys / values
     prompts, pairs, nl = _prefix_setup(tiny_tokenizer)
-    top = M.EdgeTop(model, n_top)
-    context = M.cache_prompt_context(top, prompts, {0: [0, 2], 1: [1, 3]}, pairs, 0, nl)
+    top = EdgeTop(model, n_top)
+    context = cache_prompt_context(top, prompts, {0: [0, 2], 1: [1, 3]}, pairs, 0, nl)
     groups = [(1, [3, 1, 3]), (0, [2])]  # a repeated example, prompts of different lengths
     pre, lens, owner, hidden, sub = context.batch(groups)
     assert pre.shape[0] == 2 and lens.tolist() == [len(prompts[1]), len(prompts[0])] and owner.tolist() == [0, 0, 0, 1]
-    params = M.lora_parameters(model)
-    loss = M.answer_loss(top.answer_logits_with_prefix(pre, lens, owner, hidden, sub), sub)
+    params = lora_parameters(model)
+    loss = answer_loss(top.answer_logits_with_prefix(pre, lens, owner, hidden, sub), sub)
     got_grads = torch.autograd.grad(loss, params)
     got = top.answer_logits_with_prefix(pre, lens, owner, hidden, sub).detach()
-    full = M.pack([(prompts[j] + pairs[r][0], pairs[r][1]) for j, rs in groups for r in rs], 0, nl)
+    full = pack([(prompts[j] + pairs[r][0], pairs[r][1]) for j, rs in groups for r in rs], 0, nl)
     logits = model(full.ids).logits[full.pos_b, full.pos_t]
-    ref_grads = torch.autograd.grad(M.answer_loss(logits, full), params)
+    ref_grads = torch.autograd.grad(answer_loss(logits, full), params)
     assert torch.allclose(got, logits.detach(), atol=1e-4)
     assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-3) for a, b in zip(got_grads, ref_grads))
     # the prompt matters: the same queries behind the other prompt give other logits
@@ -362,7 +389,7 @@ def test_shared_prefix_top_pass_equals_the_full_forward_with_the_prompt(tiny_tok
 
 def test_packed_subset_keeps_every_occurrence_of_a_repeated_row(tiny_tokenizer):
     _, pairs, nl = _prefix_setup(tiny_tokenizer)
-    packed = M.pack(pairs, 0, nl)
+    packed = pack(pairs, 0, nl)
     once = packed.subset([1])
     twice = packed.subset([1, 1])
     assert twice.n == 2 and len(twice.target) == 2 * len(once.target)
@@ -395,7 +422,7 @@ def _budget_setup(tok):
     prompts[2] = tok("Reply with the continent in brackets.\n")["input_ids"]
     prompts_of_task = {0: [0], 1: [1], 2: [2]}
     bos = tok("")["input_ids"]  # the bare query starts the sequence (the prompts carry it otherwise)
-    bare = M.pack([(bos + q, a) for q, a in pairs], 0, nl)
+    bare = pack([(bos + q, a) for q, a in pairs], 0, nl)
     return prompts, pairs, nl, task_of, prompts_of_task, bare
 
 
@@ -407,29 +434,29 @@ def test_every_trained_system_gets_the_same_batches_steps_and_parameters(edge, t
     # bare-query multi-task LoRA
     m1 = _copy.deepcopy(edge)
     _peft(m1)
-    top1 = M.EdgeTop(m1, 2)
-    log_bare = M.train_lora(top1, top1.trunk(bare.ids), bare, task_of, prompts_of_task, **kw)
+    top1 = EdgeTop(m1, 2)
+    log_bare = train_lora(top1, top1.trunk(bare.ids), bare, task_of, prompts_of_task, **kw)
     # the prompt-in-context LoRA: same rank, same batches
     m2 = _copy.deepcopy(edge)
     _peft(m2)
-    top2 = M.EdgeTop(m2, 2)
-    before = [p.detach().clone() for p in M.lora_parameters(m2)]
-    context = M.cache_prompt_context(top2, prompts, {j: [r for r, t in enumerate(task_of) if t == j] for j in prompts},
-                                     pairs, 0, nl)  # fmt: skip
-    log_ctx = M.train_lora_ctx(top2, context, task_of, prompts_of_task, **kw)
-    assert any(not torch.equal(a, b) for a, b in zip(before, M.lora_parameters(m2)))
+    top2 = EdgeTop(m2, 2)
+    before = [p.detach().clone() for p in lora_parameters(m2)]
+    context = cache_prompt_context(top2, prompts, {j: [r for r, t in enumerate(task_of) if t == j] for j in prompts},
+                                   pairs, 0, nl)  # fmt: skip
+    log_ctx = train_lora_ctx(top2, context, task_of, prompts_of_task, **kw)
+    assert any(not torch.equal(a, b) for a, b in zip(before, lora_parameters(m2)))
     # one LoRA per task
     m3 = _copy.deepcopy(edge)
     peft3, cfg3 = _peft(m3, adapter="t0")
     for t in (1, 2):
         peft3.add_adapter(f"t{t}", cfg3)
-    top3 = M.EdgeTop(m3, 2)
+    top3 = EdgeTop(m3, 2)
     adapters = {t: f"t{t}" for t in (0, 1, 2)}
-    before3 = {n: [p.detach().clone() for p in M.lora_parameters(peft3, n)] for n in adapters.values()}
-    log_pt = M.train_lora_per_task(peft3, top3, top3.trunk(bare.ids), bare, task_of, prompts_of_task, adapters, **kw)
+    before3 = {n: [p.detach().clone() for p in lora_parameters(peft3, n)] for n in adapters.values()}
+    log_pt = train_lora_per_task(peft3, top3, top3.trunk(bare.ids), bare, task_of, prompts_of_task, adapters, **kw)
 
     # the same examples in the same steps, for every system (LoRA-Gen's generator uses the same stream)
-    stream = list(M.batch_stream(task_of, prompts_of_task, steps=4, tasks_per_step=2, per_task=2, seed=3))
+    stream = list(batch_stream(task_of, prompts_of_task, steps=4, tasks_per_step=2, per_task=2, seed=3))
     expected = [[r for _, rs in batch for r in rs] for batch, _ in stream]
     assert log_bare.rows == log_ctx.rows == log_pt.rows == expected
     assert log_bare.examples == log_ctx.examples == log_pt.examples == 4 * 2 * 2
@@ -437,12 +464,12 @@ def test_every_trained_system_gets_the_same_batches_steps_and_parameters(edge, t
     drawn = {t: sum(t == bt for batch, _ in stream for bt, _ in batch) for t in adapters}
     assert log_pt.opt_steps == {adapters[t]: drawn[t] for t in adapters} and sum(drawn.values()) == 4 * 2
     # same parameter count per served model: each task's adapter = the multi-task LoRA
-    n_multi = sum(p.numel() for p in M.lora_parameters(m1))
-    assert n_multi == sum(p.numel() for p in M.lora_parameters(m2))
-    assert all(sum(p.numel() for p in M.lora_parameters(peft3, n)) == n_multi for n in adapters.values())
+    n_multi = sum(p.numel() for p in lora_parameters(m1))
+    assert n_multi == sum(p.numel() for p in lora_parameters(m2))
+    assert all(sum(p.numel() for p in lora_parameters(peft3, n)) == n_multi for n in adapters.values())
     # an adapter changes only when its task is drawn (each is trained on its own task's examples only)
     for t, name in adapters.items():
-        changed = any(not torch.equal(a, b) for a, b in zip(before3[name], M.lora_parameters(peft3, name)))
+        changed = any(not torch.equal(a, b) for a, b in zip(before3[name], lora_parameters(peft3, name)))
         assert changed == (drawn[t] > 0)
 
 

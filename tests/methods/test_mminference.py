@@ -10,22 +10,24 @@ import torch.nn.functional as F
 
 from lmlab.core.inference.attention import use_controller
 from lmlab.methods.efficiency.mminference.attention import MMInferenceController
+from lmlab.methods.efficiency.mminference.blocks import block_coverage
 from lmlab.methods.efficiency.mminference.config import MMInferenceConfig
 from lmlab.methods.efficiency.mminference.experiment import natural_ids, periodic_ids, sdpa
 from lmlab.methods.efficiency.mminference.method import (
-    PatternSets,
-    _MapStats,
     amdahl_bound,
     attention_flop_share,
-    block_coverage,
     build_layer_index,
-    causal_attention_probs,
     default_search_space,
+    search_head,
+    sparse_attention,
+)
+from lmlab.methods.efficiency.mminference.patterns import (
+    PatternSets,
+    _MapStats,
+    causal_attention_probs,
     diagonal_sums,
     pattern_sets,
     recall,
-    search_head,
-    sparse_attention,
     token_mask,
     vs_estimate,
     vs_scores,

@@ -12,13 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmlab.methods.efficiency.mminference.method import (
-    build_layer_index,
-    causal_attention_probs,
-    effective_mask,
-    recall,
-    sparse_attention,
-)
+from lmlab.methods.efficiency.mminference.blocks import effective_mask
+from lmlab.methods.efficiency.mminference.method import build_layer_index, sparse_attention
 from lmlab.methods.efficiency.mminference.modality import (
     MM_SPACE_KINDS,
     ModalityLayout,
@@ -36,6 +31,7 @@ from lmlab.methods.efficiency.mminference.modality import (
     modality_permutation,
     search_mm_head,
 )
+from lmlab.methods.efficiency.mminference.patterns import causal_attention_probs, recall
 
 KW = {"forced_columns": 4, "forced_diagonals": 8}
 

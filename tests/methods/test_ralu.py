@@ -20,6 +20,7 @@ from lmlab.methods.decoding.ralu.backends import (
     OracleJudgeBackend,
     wrong_response,
 )
+from lmlab.methods.decoding.ralu.cfg import cfg_units
 from lmlab.methods.decoding.ralu.method import (
     RaLUSession,
     check_unit,
@@ -37,14 +38,12 @@ from lmlab.methods.decoding.ralu.mutations import (
     mutate_snippet,
     unit_candidates,
 )
+from lmlab.methods.decoding.ralu.program import Program, text_fragments
 from lmlab.methods.decoding.ralu.units import (
-    Program,
     apply_fix,
-    cfg_units,
     extract_units,
     line_units,
     split_thirds,
-    text_fragments,
     whole_unit,
 )
 
@@ -155,7 +154,8 @@ def test_long_run_block_is_split_in_three_only_without_entry_point():
 def test_every_fragment_writes_back_to_the_same_program():
     import copy
 
-    from lmlab.methods.decoding.ralu.units import _unparse, _write
+    from lmlab.methods.decoding.ralu.program import _unparse
+    from lmlab.methods.decoding.ralu.units import _write
 
     for source, ep in ((BRANCHES, "sign"), (LOOPS, "count_pairs"), (CALLS, "squares")):
         prog = Program.parse(source)

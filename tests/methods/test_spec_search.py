@@ -20,7 +20,7 @@ from lmlab.methods.decoding.spec_search import (
     spec_search,
     speculative_decode,
 )
-from lmlab.methods.decoding.spec_search.method import Path, aggregate_scores
+from lmlab.methods.decoding.spec_search.search import Path, aggregate_scores
 
 QUESTION = "Countries: Aa, Bb, Cc"
 PREFIXES = ["Aa:", "Bb:", "Cc:"]

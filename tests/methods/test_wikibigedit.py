@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from lmlab import data
+from lmlab.methods.analysis.wikibigedit import baselines as B
+from lmlab.methods.analysis.wikibigedit import locate_edit as L
 from lmlab.methods.analysis.wikibigedit import method as M
 from lmlab.methods.analysis.wikibigedit.config import WikiBigEditConfig
 
@@ -48,7 +50,7 @@ def test_rome_update_maps_the_key_to_the_value_and_spares_orthogonal_keys():
     cov = a @ a.T + 0.1 * torch.eye(m, dtype=torch.float64)
     for cov_i in (None, cov):
         for k in (None, k_plain):  # R-ROME (k = k*) and ROME (the plain prompt's key)
-            dw = M.rome_update(w, k_star, v, k=k, cov=cov_i)
+            dw = L.rome_update(w, k_star, v, k=k, cov=cov_i)
             key = k_star if k is None else k
             assert torch.allclose((w + dw) @ key, v, atol=1e-10)
             assert _rank_ratio(dw) < 1e-10
@@ -59,7 +61,7 @@ def test_rome_update_maps_the_key_to_the_value_and_spares_orthogonal_keys():
     # a broken direction (u orthogonal to the key) is refused rather than dividing by zero
     e1, e2 = torch.eye(m, dtype=torch.float64)[:2]
     with pytest.raises(ValueError, match="orthogonal"):
-        M.rome_update(w, e1, v, k=e2)
+        L.rome_update(w, e1, v, k=e2)
 
 
 def test_rome_edit_changes_the_target_fact_and_keeps_an_unrelated_key(soft_llama, tiny_tokenizer):
@@ -68,8 +70,8 @@ def test_rome_edit_changes_the_target_fact_and_keeps_an_unrelated_key(soft_llama
     down = M.decoder_layers(model)[0].mlp.down_proj
     w0 = down.weight.detach().clone()
     pre = M.score_answers(model, tok, [EDIT.src], [EDIT.alt], prefix="")[0]
-    k_other = M.mlp_keys(model, tok, [M.qa_prompt(OTHER.src)], [OTHER.subject], 0)[0]
-    editor = M.ROMEEditor(model, tok, layer=0, templates=["{}"], steps=25, lr=0.5)
+    k_other = L.mlp_keys(model, tok, [M.qa_prompt(OTHER.src)], [OTHER.subject], 0)[0]
+    editor = L.ROMEEditor(model, tok, layer=0, templates=["{}"], steps=25, lr=0.5)
     stats = editor.edit_one(EDIT)
     post = M.score_answers(model, tok, [EDIT.src], [EDIT.alt], prefix="")[0]
     # the target fact moves: the new answer's teacher-forced log-prob rises by several nats
@@ -80,9 +82,9 @@ def test_rome_edit_changes_the_target_fact_and_keeps_an_unrelated_key(soft_llama
     assert _rank_ratio(dw1) < 1e-3
     assert stats["rank_one_residual"] < 1e-5
     # an unrelated prompt's key, minus its component along k* (C = I), keeps its MLP output exactly
-    k_star = M.mlp_keys(model, tok, [M.qa_prompt(EDIT.src)], [EDIT.subject], 0)[0]
+    k_star = L.mlp_keys(model, tok, [M.qa_prompt(EDIT.src)], [EDIT.subject], 0)[0]
     # the key is read before down_proj: the edit of layer 0's down_proj cannot change it
-    assert torch.allclose(k_star, M.mlp_keys(soft_llama, tok, [M.qa_prompt(EDIT.src)], [EDIT.subject], 0)[0])
+    assert torch.allclose(k_star, L.mlp_keys(soft_llama, tok, [M.qa_prompt(EDIT.src)], [EDIT.subject], 0)[0])
     ortho = k_other - (k_other @ k_star) / (k_star @ k_star) * k_star
     before = w0.double() @ ortho
     assert torch.allclose(down.weight.detach().double() @ ortho, before, atol=1e-5 * float(before.norm()))
@@ -103,17 +105,17 @@ def test_memit_update_with_one_edit_is_romes_update():
     w = torch.randn(d, m, generator=g, dtype=torch.float64)
     k, r = torch.randn(m, 1, generator=g, dtype=torch.float64), torch.randn(d, 1, generator=g, dtype=torch.float64)
     eye = torch.eye(m, dtype=torch.float64)
-    rome = M.rome_update(w, k[:, 0], (w @ k + r)[:, 0])  # residual r at k* = k
-    assert torch.allclose(M.memit_update(k, r, eye, 1e-9), rome, atol=1e-8)
+    rome = L.rome_update(w, k[:, 0], (w @ k + r)[:, 0])  # residual r at k* = k
+    assert torch.allclose(L.memit_update(k, r, eye, 1e-9), rome, atol=1e-8)
     # with a covariance and the paper's lambda: ROME's covariance-adjusted update shrunk by q / (lam + q)
     a = torch.randn(m, m, generator=g, dtype=torch.float64)
     cov = a @ a.T + eye
     q = float(k[:, 0] @ torch.linalg.solve(cov, k[:, 0]))
-    rome_c = M.rome_update(w, k[:, 0], (w @ k + r)[:, 0], cov=cov)
-    assert torch.allclose(M.memit_update(k, r, cov, 15000.0), rome_c * q / (15000.0 + q), atol=1e-12)
+    rome_c = L.rome_update(w, k[:, 0], (w @ k + r)[:, 0], cov=cov)
+    assert torch.allclose(L.memit_update(k, r, cov, 15000.0), rome_c * q / (15000.0 + q), atol=1e-12)
     # a batch: the least-squares solution of min |dW K - R|^2 + lam tr(dW C dW^T)
     kb, rb = torch.randn(m, 3, generator=g, dtype=torch.float64), torch.randn(d, 3, generator=g, dtype=torch.float64)
-    dw = M.memit_update(kb, rb, cov, 2.0)
+    dw = L.memit_update(kb, rb, cov, 2.0)
     grad = (dw @ kb - rb) @ kb.T + 2.0 * dw @ cov
     assert torch.allclose(grad, torch.zeros_like(grad), atol=1e-9)
 
@@ -124,9 +126,9 @@ def test_memit_editor_with_one_edit_and_one_layer_matches_rome(soft_llama, tiny_
     kw = dict(steps=8, lr=0.5, weight_decay=0.0, clamp_norm_factor=1e6)
     a, b = copy.deepcopy(soft_llama), copy.deepcopy(soft_llama)
     w0 = M.decoder_layers(soft_llama)[1].mlp.down_proj.weight.detach().clone()
-    M.ROMEEditor(a, tiny_tokenizer, layer=1, templates=["{}"], **kw).apply([EDIT])
+    L.ROMEEditor(a, tiny_tokenizer, layer=1, templates=["{}"], **kw).apply([EDIT])
     m = w0.shape[1]
-    M.MEMITEditor(b, tiny_tokenizer, layers=[1], templates=["{}"], covs={1: torch.eye(m, dtype=torch.float64)},
+    L.MEMITEditor(b, tiny_tokenizer, layers=[1], templates=["{}"], covs={1: torch.eye(m, dtype=torch.float64)},
                   lam=1e-6, **kw).apply([EDIT])  # fmt: skip
     da = M.decoder_layers(a)[1].mlp.down_proj.weight.detach() - w0
     db = M.decoder_layers(b)[1].mlp.down_proj.weight.detach() - w0
@@ -140,8 +142,8 @@ def test_memit_spreads_a_batch_over_its_layers_and_needs_every_covariance(tiny_l
     m = w0[0].shape[1]
     covs = {i: torch.eye(m, dtype=torch.float64) for i in (0, 1)}
     with pytest.raises(ValueError, match="missing \\[1\\]"):
-        M.MEMITEditor(model, tiny_tokenizer, layers=[0, 1], templates=["{}"], covs={0: covs[0]})
-    ed = M.MEMITEditor(model, tiny_tokenizer, layers=[0, 1], templates=["{}"], covs=covs, lam=1.0, steps=3)
+        L.MEMITEditor(model, tiny_tokenizer, layers=[0, 1], templates=["{}"], covs={0: covs[0]})
+    ed = L.MEMITEditor(model, tiny_tokenizer, layers=[0, 1], templates=["{}"], covs=covs, lam=1.0, steps=3)
     ed.apply([EDIT, OTHER])
     for i, layer in enumerate(M.decoder_layers(model)):
         assert float((layer.mlp.down_proj.weight.detach() - w0[i]).norm()) > 0, i
@@ -153,10 +155,10 @@ def test_memit_spreads_the_residual_over_the_remaining_layers(tiny_llama, tiny_t
     m = M.decoder_layers(model)[0].mlp.down_proj.in_features
     covs = {i: torch.eye(m, dtype=torch.float64) for i in (0, 1)}
     zs, resids = [], []
-    real_z, real_u = M.optimise_value, M.memit_update
-    monkeypatch.setattr(M, "optimise_value", lambda *a, **k: zs.append(real_z(*a, **k)) or zs[-1])
-    monkeypatch.setattr(M, "memit_update", lambda k, r, c, lam: resids.append(r) or real_u(k, r, c, lam))
-    ed = M.MEMITEditor(model, tiny_tokenizer, layers=[0, 1], templates=["{}"], covs=covs, lam=1.0, steps=3)
+    real_z, real_u = L.optimise_value, L.memit_update
+    monkeypatch.setattr(L, "optimise_value", lambda *a, **k: zs.append(real_z(*a, **k)) or zs[-1])
+    monkeypatch.setattr(L, "memit_update", lambda k, r, c, lam: resids.append(r) or real_u(k, r, c, lam))
+    ed = L.MEMITEditor(model, tiny_tokenizer, layers=[0, 1], templates=["{}"], covs=covs, lam=1.0, steps=3)
     cur = ed._resid_at([EDIT], 1)  # (d, 1) before any update
     ed.apply([EDIT])
     full = zs[0].target[:, None] - cur
@@ -182,7 +184,7 @@ def test_merge_interpolation_keeps_alpha_of_the_update_on_the_adapted_weights_on
                 module.lora_B["default"].weight.copy_(torch.randn(module.lora_B["default"].weight.shape, generator=g))
             deltas[name.split("base_model.model.", 1)[1] + ".weight"] = module.get_delta_weight("default").detach()
     assert deltas and all(".q_proj." in n or ".v_proj." in n for n in deltas)
-    merged = M.merge_lora_interpolate(peft_model, 0.25)
+    merged = B.merge_lora_interpolate(peft_model, 0.25)
     after = dict(merged.named_parameters())
     assert set(after) == set(before)  # adapters removed
     for n, p in after.items():
@@ -192,13 +194,13 @@ def test_merge_interpolation_keeps_alpha_of_the_update_on_the_adapted_weights_on
 
 def test_lora_editors_train_their_adapters_and_merge_resets_them(tiny_llama, tiny_tokenizer):
     w_q = tiny_llama.model.layers[0].self_attn.q_proj.weight.detach().clone()
-    plain = M.LoRAEditor(copy.deepcopy(tiny_llama), tiny_tokenizer, epochs=3, lr=1e-2)
+    plain = B.LoRAEditor(copy.deepcopy(tiny_llama), tiny_tokenizer, epochs=3, lr=1e-2)
     plain.apply([EDIT])
     first = {n: p.detach().clone() for n, p in plain.model.named_parameters() if "lora_B" in n}
     assert first and all(float(v.abs().sum()) > 0 for v in first.values())  # B starts at 0: training moved it
     plain.apply([OTHER])  # the same adapter trains on
     assert any(not torch.equal(first[n], p) for n, p in plain.model.named_parameters() if "lora_B" in n)
-    merge = M.LoRAEditor(copy.deepcopy(tiny_llama), tiny_tokenizer, epochs=3, lr=1e-2, merge_alpha=0.25)
+    merge = B.LoRAEditor(copy.deepcopy(tiny_llama), tiny_tokenizer, epochs=3, lr=1e-2, merge_alpha=0.25)
     merge.apply([EDIT])
     assert not any("lora_" in n for n, _ in merge.model.named_parameters())  # merged into the base, no adapter
     assert not torch.equal(merge.model.model.layers[0].self_attn.q_proj.weight, w_q)
@@ -210,7 +212,7 @@ def test_lora_editors_train_their_adapters_and_merge_resets_them(tiny_llama, tin
 def test_ft_trains_only_the_chosen_down_proj(tiny_llama, tiny_tokenizer):
     model = copy.deepcopy(tiny_llama)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    M.FTEditor(model, tiny_tokenizer, layers=[1], epochs=3, lr=1e-2).apply([EDIT])
+    B.FTEditor(model, tiny_tokenizer, layers=[1], epochs=3, lr=1e-2).apply([EDIT])
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed == {"model.layers.1.mlp.down_proj.weight"}  # the tied embedding is untouched
 
@@ -259,7 +261,7 @@ def test_retention_bookkeeping_scores_the_latest_value_and_splits_current_from_p
         seen.append(list(zip(questions, answers)))
         return real(model, tok, questions, answers, **kw)
 
-    editor = M.RAGEditor(tiny_llama, tiny_tokenizer, M.hashing_embedder())
+    editor = B.RAGEditor(tiny_llama, tiny_tokenizer, B.hashing_embedder())
     ref = M.make_reference(
         tiny_llama, tiny_tokenizer, [a1, b1, c2, a2], [("What is the capital of Chile?", "Santiago")], []
     )
@@ -280,7 +282,7 @@ def test_retention_bookkeeping_scores_the_latest_value_and_splits_current_from_p
     assert len(editor.memory) == 3 and editor.memory["capital/NO"][0] == a2.sentence
     assert "Trondheim" in editor.contexts([a2.src])[0]
     # without past evaluation only the current increment is scored
-    res2 = M.run_lifelong(M.RAGEditor(tiny_llama, tiny_tokenizer, M.hashing_embedder()), [[a1, b1], [c2, a2]], ref,
+    res2 = M.run_lifelong(B.RAGEditor(tiny_llama, tiny_tokenizer, B.hashing_embedder()), [[a1, b1], [c2, a2]], ref,
                           eval_past=False)  # fmt: skip
     assert res2[1].past == [] and set(res2[1].scores["edit"]) == {"capital/NO", "capital/SE"}
 
@@ -314,7 +316,7 @@ def test_first_increment_curves_drop_re_edited_facts():
 
 
 def test_edit_api_evaluates_after_the_whole_batch(tiny_llama, tiny_tokenizer):
-    editor = M.RAGEditor(tiny_llama, tiny_tokenizer, M.hashing_embedder())
+    editor = B.RAGEditor(tiny_llama, tiny_tokenizer, B.hashing_embedder())
     out = editor.edit(
         [EDIT.src, OTHER.src],
         ["Bergen", "Lima"],
@@ -386,15 +388,15 @@ def test_config_rejects_bad_values(kw, match):
 
 def test_bad_inputs_get_one_line_errors(tiny_llama, tiny_gemma, tiny_tokenizer):
     cases = [
-        (lambda: M.ROMEEditor(copy.deepcopy(tiny_gemma), tiny_tokenizer, layer=0, templates=["{}"]), "gemma3"),
-        (lambda: M.ROMEEditor(tiny_llama, tiny_tokenizer, layer=5, templates=["{}"]), "rome_layer"),
-        (lambda: M.FTEditor(copy.deepcopy(tiny_llama), tiny_tokenizer, layers=[2]), "ft_layers"),
+        (lambda: L.ROMEEditor(copy.deepcopy(tiny_gemma), tiny_tokenizer, layer=0, templates=["{}"]), "gemma3"),
+        (lambda: L.ROMEEditor(tiny_llama, tiny_tokenizer, layer=5, templates=["{}"]), "rome_layer"),
+        (lambda: B.FTEditor(copy.deepcopy(tiny_llama), tiny_tokenizer, layers=[2]), "ft_layers"),
         (lambda: M.score_answers(tiny_llama, tiny_tokenizer, ["q"], [""]), "answer 0 is empty"),
         (lambda: M.score_answers(tiny_llama, tiny_tokenizer, ["q", "r"], ["a"]), "2 questions but 1 answers"),
-        (lambda: M.subject_last_index(tiny_tokenizer, "Q: x A:", "Norway"), "'Norway' does not occur"),
-        (lambda: M.RAGEditor(tiny_llama, tiny_tokenizer, M.hashing_embedder(), top_k=0), "top_k"),
-        (lambda: M.LoRAEditor(tiny_llama, tiny_tokenizer, merge_alpha=1.5), "merge_alpha"),
-        (lambda: M.compute_covariance(tiny_llama, tiny_tokenizer, [0], []), "at least one text"),
+        (lambda: L.subject_last_index(tiny_tokenizer, "Q: x A:", "Norway"), "'Norway' does not occur"),
+        (lambda: B.RAGEditor(tiny_llama, tiny_tokenizer, B.hashing_embedder(), top_k=0), "top_k"),
+        (lambda: B.LoRAEditor(tiny_llama, tiny_tokenizer, merge_alpha=1.5), "merge_alpha"),
+        (lambda: L.compute_covariance(tiny_llama, tiny_tokenizer, [0], []), "at least one text"),
         (lambda: data.load("geobigedit", None, increments=0), "increments must be an int"),
         (lambda: data.load("geobigedit", None, increments=200, edits_per_increment=64), "pool of editable facts"),
     ]

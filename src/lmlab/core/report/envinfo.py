@@ -53,6 +53,19 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
+def _cpu_avx512() -> bool | None:
+    """Whether the CPU has any AVX-512 extension (x86 ``flags`` in /proc/cpuinfo); None where that is unreadable."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return any(f.startswith("avx512") for f in value.split())
+    except OSError:
+        return None
+    return False if platform.machine().lower() in ("x86_64", "amd64") else None
+
+
 def _mem_total_bytes() -> int | None:
     try:
         with open("/proc/meminfo", encoding="utf-8") as fh:
@@ -86,12 +99,7 @@ def _git(args: list[str], cwd: Path) -> str | None:
 
 def _git_state() -> dict[str, Any]:
     """Hash and dirty flag of the git checkout holding the lmlab sources (``None`` if it is not a checkout)."""
-    try:
-        import lmlab
-
-        src = Path(lmlab.__file__).resolve().parent
-    except Exception:
-        return {"git_hash": None, "git_dirty": None}
+    src = Path(__file__).resolve().parents[2]  # the lmlab package folder (this file is lmlab/core/report/envinfo.py)
     head = _git(["rev-parse", "HEAD"], src)
     if head is None:
         # Not a checkout (installed wheel), git missing, or a repository without commits.
@@ -105,12 +113,9 @@ def _lmlab_version() -> str | None:
     v = _version("lmlab")
     if v is not None:
         return v
-    try:
-        import lmlab
+    from lmlab.version import __version__
 
-        return str(lmlab.__version__)
-    except Exception:
-        return None
+    return __version__
 
 
 def _field(info: dict[str, Any], key: str, fn: Any) -> None:
@@ -124,7 +129,8 @@ def env_info() -> dict[str, Any]:
     """Describe this machine and software stack. Never raises; unknown fields are ``None``.
 
     Keys: ``python``, ``python_implementation``, ``platform``, ``machine``, ``cpu_model``, ``cpu_count`` (host),
-    ``cpu_available`` (this process's affinity), ``torch`` / ``transformers`` / ``numpy`` / ``scipy`` (versions,
+    ``cpu_available`` (this process's affinity), ``cpu_avx512`` (any AVX-512 extension; speed-relevant),
+    ``torch`` / ``transformers`` / ``numpy`` / ``scipy`` (versions,
     from package metadata), ``torch_threads`` (only if torch is already imported, since importing it costs seconds;
     else ``None``), ``lmlab``, ``git_hash`` and ``git_dirty`` (tracked changes) of the lmlab source checkout,
     ``loadavg`` (1/5/15 min), ``mem_total_bytes``, ``model_packages`` (distribution -> version or ``None``),
@@ -139,6 +145,7 @@ def env_info() -> dict[str, Any]:
     _field(info, "cpu_model", _cpu_model)
     _field(info, "cpu_count", os.cpu_count)
     _field(info, "cpu_available", lambda: len(os.sched_getaffinity(0)))
+    _field(info, "cpu_avx512", _cpu_avx512)
     for dist in LIBRARY_PACKAGES:
         _field(info, dist, lambda d=dist: _version(d))
     _field(info, "torch_threads", lambda: sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None)

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from lmlab.core.stats.seeding import derive_seed, seeded_rng
+from lmlab.data.fact_sentences import WRONG_ANSWER_TRIES, fact_sentences, facts_by_iso2, wrong_answer
 from lmlab.methods.alignment.alignment_potential.method import (
     implicit_margin,
     metric_scores,
@@ -63,7 +64,6 @@ _OFF_TOPIC = (
     "That is a great question! Many people enjoy learning about geography, and travelling is a wonderful way to "
     "discover the world."
 )
-_TRIES = 50  # draws of a wrong answer that the grader must mark wrong
 
 
 @dataclass(frozen=True)
@@ -110,80 +110,16 @@ class TestPair:
 # ------------------------------------------------------------------------------------------------------- data
 
 
-def _facts() -> dict[str, dict[str, Any]]:
-    from lmlab.data.countries import country_facts
-
-    return {f["iso2"]: f for f in country_facts()}
-
-
-def _phrase(fact: dict[str, Any], start: bool = False) -> str:
-    name = f"the {fact['name']}" if fact.get("the") else fact["name"]
-    return name[0].upper() + name[1:] if start else name
-
-
-def _sentences(task: str, fact: dict[str, Any], answer: str) -> dict[str, str]:
-    """The fact stated plainly, verbosely, hedged and chattily, about `answer` (right or wrong)."""
-    c, cs = _phrase(fact), _phrase(fact, start=True)
-    if task == "capital":
-        plain = f"The capital of {c} is {answer}."
-        extra = "It is where the national government and the parliament meet."
-        hedged = f"I am not completely sure, but I think the capital of {c} might be {answer}."
-        styled = (
-            f"Great question! The capital of {c} is {answer}, a vibrant city famous for its rich history, "
-            "lively culture and beautiful architecture."
-        )
-    elif task == "continent":
-        plain = f"{cs} is in {answer}."
-        extra = "It shares that part of the world with several of its neighbouring countries."
-        hedged = f"I am not completely sure, but I think {c} might be in {answer}."
-        styled = (
-            f"Great question! {cs} is in {answer}, a fascinating part of the world famous for its rich "
-            "history, diverse cultures and beautiful landscapes."
-        )
-    elif task == "currency":
-        plain = f"The official currency of {c} is the {answer}."
-        extra = "It is used for everyday payments and issued by the national central bank."
-        hedged = f"I am not completely sure, but I think the currency of {c} might be the {answer}."
-        styled = (
-            f"Great question! The official currency of {c} is the {answer}, which millions of people use "
-            "every day for shopping, travel and saving."
-        )
-    else:
-        raise ValueError(f"task must be capital, continent or currency, got {task!r}")
-    return {"plain": plain, "verbose": f"{plain} {extra}", "hedged": hedged, "styled": styled}
-
-
-def _wrong_answer(example: Any, facts: dict[str, dict[str, Any]], seed: int) -> str | None:
-    """Another country's fact that the suite's grader marks wrong for `example`; None when the grader accepts any
-    sentence naming the country (its name contains the answer, e.g. Saint Pierre and Miquelon / Saint-Pierre)."""
-    from lmlab.data.countries import CONTINENTS, grade
-
-    task, iso2 = example.meta["task"], example.meta["iso2"]
-    if grade(example, _phrase(facts[iso2], start=True)) == 1.0:
-        return None
-    rng = seeded_rng(seed, "wrong", example.id)
-    if task == "continent":
-        options = [v for k, v in sorted(CONTINENTS.items()) if k != "AN"]
-    else:
-        key = "capital" if task == "capital" else "currency"
-        options = sorted({f[key] for k, f in facts.items() if k != iso2 and f.get(key)})
-    for _ in range(_TRIES):
-        cand = str(options[int(rng.integers(len(options)))])
-        if grade(example, _sentences(task, facts[iso2], cand)["plain"]) == 0.0:
-            return cand
-    return None
-
-
 def responses_for(example: Any, facts: dict[str, dict[str, Any]], seed: int) -> dict[str, Response] | None:
     """The six templated responses of one prompt, each graded by the suite's exact grader (None: no wrong answer
     the grader would mark wrong exists for this prompt; it is skipped)."""
     from lmlab.data.countries import grade
 
     task, fact = example.meta["task"], facts[example.meta["iso2"]]
-    bad = _wrong_answer(example, facts, seed)
+    bad = wrong_answer(example, facts, seed)
     if bad is None:
         return None
-    right, wrong = _sentences(task, fact, example.target), _sentences(task, fact, bad)
+    right, wrong = fact_sentences(task, fact, example.target), fact_sentences(task, fact, bad)
     texts = {
         "concise": right["plain"],
         "verbose": right["verbose"],
@@ -208,7 +144,7 @@ def _prompts(examples: dict[str, list[Any]], seed: int, name: str) -> list[Any]:
 def build_pool(examples: dict[str, list[Any]], n: int, *, n_responses: int, noise: float, seed: int) -> list[PoolPair]:
     """Training pairs: `n_responses` templates per prompt scored by the noisy explicit RM; chosen = max, rejected
     = min (SimPO's on-policy binarisation)."""
-    facts = _facts()
+    facts = facts_by_iso2()
     out = []
     for ex in _prompts(examples, seed, "pool"):
         resp = responses_for(ex, facts, seed)
@@ -230,7 +166,7 @@ def build_pool(examples: dict[str, list[Any]], n: int, *, n_responses: int, nois
 
 def build_test(examples: dict[str, list[Any]], n: int, *, seed: int) -> list[TestPair]:
     """Held-out pairs: two templates of different utility per prompt, in random order."""
-    facts = _facts()
+    facts = facts_by_iso2()
     out = []
     for ex in _prompts(examples, seed, "test"):
         resp = responses_for(ex, facts, seed)
@@ -239,7 +175,7 @@ def build_test(examples: dict[str, list[Any]], n: int, *, seed: int) -> list[Tes
         if len(out) == n:
             break
         rng = seeded_rng(seed, "test-templates", ex.id)
-        for _ in range(_TRIES):
+        for _ in range(WRONG_ANSWER_TRIES):
             i, j = rng.choice(len(TEMPLATES), 2, replace=False)
             a, b = resp[TEMPLATES[i]], resp[TEMPLATES[j]]
             if utility(a) != utility(b):  # a tie has no right answer to measure

@@ -116,17 +116,17 @@ def build_prompts(examples: Sequence[Any], *, variants: int, seed: int) -> list[
 
     Prompts whose suite grader would accept a sentence without the fact (no wrong answer exists) are skipped.
     """
-    from lmlab.methods.alignment.alignment_potential.experiment import _facts, _sentences, _wrong_answer
+    from lmlab.data.fact_sentences import fact_sentences, facts_by_iso2, wrong_answer
 
-    facts = _facts()
+    facts = facts_by_iso2()
     out = []
     for ex in examples:
         task, iso2 = ex.meta["task"], ex.meta["iso2"]
-        bad = _wrong_answer(ex, facts, seed)
+        bad = wrong_answer(ex, facts, seed)
         if bad is None:
             continue
-        right = _sentences(task, facts[iso2], ex.target)["plain"]
-        wrong = _sentences(task, facts[iso2], bad)["plain"]
+        right = fact_sentences(task, facts[iso2], ex.target)["plain"]
+        wrong = fact_sentences(task, facts[iso2], bad)["plain"]
         rng = seeded_rng(seed, "variants", ex.id)
         order = rng.permutation(len(GRID))
         picked = [GRID[i] for i in order[:variants]]

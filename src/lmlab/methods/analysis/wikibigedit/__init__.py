@@ -62,25 +62,9 @@ SPEC = register_method(
 # The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "EditRecord",
-        "Editor",
-        "FTEditor",
-        "LoRAEditor",
-        "MEMITEditor",
-        "RAGEditor",
-        "ROMEEditor",
-        "compute_covariance",
-        "context_prefixes",
-        "context_templates",
-        "hashing_embedder",
-        "make_reference",
-        "memit_update",
-        "minilm_embedder",
-        "rome_update",
-        "run_lifelong",
-        "score_answers",
-    ),
+    method="__all__",
+    baselines="__all__",
+    locate_edit="__all__",
     experiment=("build_geobigedit",),
 )
 

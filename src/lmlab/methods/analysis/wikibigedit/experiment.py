@@ -34,26 +34,30 @@ from typing import Any
 
 import numpy as np
 
-from lmlab.methods.analysis.wikibigedit.config import PARAMETRIC
-from lmlab.methods.analysis.wikibigedit.method import (
-    FEWSHOT,
-    Editor,
-    EditRecord,
+from lmlab.methods.analysis.wikibigedit.baselines import (
     FTEditor,
-    IncrementResult,
     LoRAEditor,
-    MEMITEditor,
     RAGEditor,
+    hashing_embedder,
+    minilm_embedder,
+)
+from lmlab.methods.analysis.wikibigedit.config import PARAMETRIC
+from lmlab.methods.analysis.wikibigedit.locate_edit import (
+    MEMITEditor,
     ROMEEditor,
     compute_covariance,
     context_prefixes,
     context_templates,
+)
+from lmlab.methods.analysis.wikibigedit.method import (
+    FEWSHOT,
+    Editor,
+    EditRecord,
+    IncrementResult,
     decoder_layers,
     evaluate_facts,
-    hashing_embedder,
     known_before,
     make_reference,
-    minilm_embedder,
     run_lifelong,
 )
 from lmlab.results import Claim

@@ -69,6 +69,9 @@ SPEC = register_method(
 __getattr__, _LAZY = lazy_exports(
     __name__,
     method="__all__",
+    edge="__all__",
+    training="__all__",
+    baselines="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

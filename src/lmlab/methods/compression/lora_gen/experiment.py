@@ -51,7 +51,30 @@ def run(cfg: Any, ctx: Any) -> Any:
     import torch
 
     from lmlab.core.stats.timing import compare_timings
-    from lmlab.methods.compression.lora_gen import method as M
+    from lmlab.methods.compression.lora_gen.baselines import (
+        cache_prompt_context,
+        lora_parameters,
+        lora_params_per_rank,
+        train_lora,
+        train_lora_ctx,
+        train_lora_per_task,
+    )
+    from lmlab.methods.compression.lora_gen.edge import (
+        EdgeTop,
+        pack,
+        score_top,
+        score_with_prefix,
+        stop_token_ids,
+        target_modules,
+    )
+    from lmlab.methods.compression.lora_gen.method import (
+        LoRAGenerator,
+        encode_cloud,
+        export_peft,
+        merge_deltas,
+        train_generator,
+        unmerge,
+    )
 
     torch.manual_seed(cfg.seed)
     edge, etok = ctx.load_model(cfg.model, fresh=True)  # private copy: weights are merged in place
@@ -73,7 +96,7 @@ def run(cfg: Any, ctx: Any) -> Any:
         raise ValueError("every task is in unseen_tasks: nothing to train the generator on")
     pad = etok.pad_token_id if etok.pad_token_id is not None else 0
     newline = etok("\n", add_special_tokens=False)["input_ids"][-1]
-    stops = M.stop_token_ids(etok)
+    stops = stop_token_ids(etok)
 
     def q_ids(query: str, specials: bool = True) -> list[int]:
         return etok(query, add_special_tokens=specials)["input_ids"]
@@ -83,14 +106,14 @@ def run(cfg: Any, ctx: Any) -> Any:
 
     train_rows = [(i, it) for i in seen for it in tasks[i].train]
     test_rows = [(i, it) for i, t in enumerate(tasks) for it in t.test]
-    train_packed = M.pack([(q_ids(it.query), a_ids(it.answer)) for _, it in train_rows], pad, newline)
-    test_packed = M.pack([(q_ids(it.query), a_ids(it.answer)) for _, it in test_rows], pad, newline)
+    train_packed = pack([(q_ids(it.query), a_ids(it.answer)) for _, it in train_rows], pad, newline)
+    test_packed = pack([(q_ids(it.query), a_ids(it.answer)) for _, it in test_rows], pad, newline)
     train_task = [i for i, _ in train_rows]
     test_task = [i for i, _ in test_rows]
 
     # 2. cached trunk (bottom blocks of the edge) and cached cloud encodings of every system prompt
     t0 = time.perf_counter()
-    top = M.EdgeTop(edge, cfg.n_top_layers)
+    top = EdgeTop(edge, cfg.n_top_layers)
     hidden_train = top.trunk(train_packed.ids)
     hidden_test = top.trunk(test_packed.ids)
     trunk_s = time.perf_counter() - t0
@@ -100,14 +123,14 @@ def run(cfg: Any, ctx: Any) -> Any:
             prompt_texts.append(p)
             prompt_task.append(i)
     t0 = time.perf_counter()
-    cloud_states, cloud_mask = M.encode_cloud(cloud, ctok, prompt_texts)
+    cloud_states, cloud_mask = encode_cloud(cloud, ctok, prompt_texts)
     cloud_s = time.perf_counter() - t0
     prompts_of_task = {i: [j for j, t in enumerate(prompt_task) if t == i] for i in range(len(tasks))}
     train_prompts = {i: prompts_of_task[i] for i in seen}
 
     # 3. LoRA-Gen: generator trained end to end through the frozen edge top blocks
-    shapes = {n: tuple(m.weight.shape) for n, m in M.target_modules(edge, top.top_ids, list(cfg.targets)).items()}
-    gen = M.LoRAGenerator(
+    shapes = {n: tuple(m.weight.shape) for n, m in target_modules(edge, top.top_ids, list(cfg.targets)).items()}
+    gen = LoRAGenerator(
         cloud_states.shape[-1],
         shapes,
         n_experts=cfg.n_experts,
@@ -122,7 +145,7 @@ def run(cfg: Any, ctx: Any) -> Any:
     train_kw = dict(
         steps=cfg.steps, tasks_per_step=cfg.tasks_per_step, per_task=cfg.examples_per_task, lr=cfg.lr, seed=cfg.seed
     )
-    log_gen = M.train_generator(
+    log_gen = train_generator(
         gen,
         top,
         hidden_train,
@@ -136,10 +159,10 @@ def run(cfg: Any, ctx: Any) -> Any:
         **train_kw,
     )
 
-    # 4. the conventional LoRAs (peft): same modules, batches (`M.batch_stream`), steps, optimiser and rank
+    # 4. the conventional LoRAs (peft): same modules, batches (`training.batch_stream`), steps, optimiser and rank
     from peft import LoraConfig, get_peft_model
 
-    per_rank = M.lora_params_per_rank(shapes)
+    per_rank = lora_params_per_rank(shapes)
     b2_rank = cfg.baseline_rank or max(1, math.ceil(gen.n_trainable() / per_rank))
 
     def lora_config() -> Any:
@@ -155,7 +178,7 @@ def run(cfg: Any, ctx: Any) -> Any:
     def fresh_peft(adapter: str = "default") -> tuple[Any, Any, Any]:
         torch.manual_seed(cfg.seed)  # every LoRA starts from the same initialisation
         model = copy.deepcopy(edge)
-        return model, get_peft_model(model, lora_config(), adapter_name=adapter), M.EdgeTop(model, cfg.n_top_layers)
+        return model, get_peft_model(model, lora_config(), adapter_name=adapter), EdgeTop(model, cfg.n_top_layers)
 
     scores: dict[str, list[Any]] = {s: [None] * test_packed.n for s in SYSTEMS}
 
@@ -168,7 +191,7 @@ def run(cfg: Any, ctx: Any) -> Any:
     # test queries behind each task's system prompt (variant 0), as the prompt-in-context systems see them
     prefix_of = {i: etok(tasks[i].prompts[0])["input_ids"] for i in rows_of if rows_of[i]}
     ctx_sub = {
-        i: M.pack(
+        i: pack(
             [(q_ids(test_rows[r][1].query, False), a_ids(test_rows[r][1].answer)) for r in rows_of[i]], pad, newline
         )
         for i in prefix_of
@@ -177,15 +200,15 @@ def run(cfg: Any, ctx: Any) -> Any:
 
     # 4a. B2': bare query (cannot know the task)
     b2_model, b2_peft, b2_top = fresh_peft()
-    logs["multitask_lora"] = M.train_lora(b2_top, hidden_train, train_packed, train_task, train_prompts, **train_kw)
-    b2_top = M.EdgeTop(b2_peft.merge_and_unload(), cfg.n_top_layers)
-    put("multitask_lora", everything, M.score_top(b2_top, hidden_test, test_packed, stops))
+    logs["multitask_lora"] = train_lora(b2_top, hidden_train, train_packed, train_task, train_prompts, **train_kw)
+    b2_top = EdgeTop(b2_peft.merge_and_unload(), cfg.n_top_layers)
+    put("multitask_lora", everything, score_top(b2_top, hidden_test, test_packed, stops))
     del b2_model, b2_peft, b2_top
 
     # 4b. B2: the system prompt in context in training and at test (the paper's conventional LoRA)
     _, ctx_peft, ctx_top = fresh_peft()
     t0 = time.perf_counter()
-    context = M.cache_prompt_context(
+    context = cache_prompt_context(
         ctx_top,
         {j: etok(prompt_texts[j])["input_ids"] for j in train_prompt_idx},
         {j: [r for r, t in enumerate(train_task) if t == prompt_task[j]] for j in train_prompt_idx},
@@ -194,11 +217,11 @@ def run(cfg: Any, ctx: Any) -> Any:
         newline,
     )
     ctx_cache_s = time.perf_counter() - t0
-    logs["multitask_lora_ctx"] = M.train_lora_ctx(ctx_top, context, train_task, train_prompts, **train_kw)
+    logs["multitask_lora_ctx"] = train_lora_ctx(ctx_top, context, train_task, train_prompts, **train_kw)
     ctx_merged = ctx_peft.merge_and_unload()  # kept: timed below
     with torch.no_grad():
         for i in prefix_of:
-            put("multitask_lora_ctx", rows_of[i], M.score_with_prefix(ctx_merged, prefix_of[i], ctx_sub[i], stops))
+            put("multitask_lora_ctx", rows_of[i], score_with_prefix(ctx_merged, prefix_of[i], ctx_sub[i], stops))
     del context, ctx_peft, ctx_top
 
     # 4c. oracle: one LoRA per seen task (an adapter each), the shared batches split by task, bare query
@@ -206,10 +229,10 @@ def run(cfg: Any, ctx: Any) -> Any:
     pt_model, pt_peft, pt_top = fresh_peft(names[seen[0]])
     for i in seen[1:]:
         pt_peft.add_adapter(names[i], lora_config())
-    logs["per_task_lora"] = M.train_lora_per_task(
+    logs["per_task_lora"] = train_lora_per_task(
         pt_peft, pt_top, hidden_train, train_packed, train_task, train_prompts, names, **train_kw
     )
-    pt_params = {n: sum(p.numel() for p in M.lora_parameters(pt_peft, n)) for n in names.values()}
+    pt_params = {n: sum(p.numel() for p in lora_parameters(pt_peft, n)) for n in names.values()}
     with torch.no_grad():
         for i in seen:
             if rows_of[i]:
@@ -217,24 +240,24 @@ def run(cfg: Any, ctx: Any) -> Any:
                 put(
                     "per_task_lora",
                     rows_of[i],
-                    M.score_top(pt_top, hidden_test[rows_of[i]], test_packed.subset(rows_of[i]), stops),
+                    score_top(pt_top, hidden_test[rows_of[i]], test_packed.subset(rows_of[i]), stops),
                 )
     del pt_model, pt_peft, pt_top
 
     # 5. accuracy of the untrained systems and of LoRA-Gen on the same test queries
-    put("query_only", everything, M.score_top(top, hidden_test, test_packed, stops))
+    put("query_only", everything, score_top(top, hidden_test, test_packed, stops))
     gates_of: dict[int, Any] = {}
     with torch.no_grad():
         for i in prefix_of:
             rows = rows_of[i]
             j = prompts_of_task[i][0]  # the task's system prompt (variant 0)
             gates_of[i] = gen.gate(cloud_states[j : j + 1], cloud_mask[j : j + 1]).gates[0]
-            originals = M.merge_deltas(edge, gen.deltas(gates_of[i]))
+            originals = merge_deltas(edge, gen.deltas(gates_of[i]))
             try:
-                put("lora_gen", rows, M.score_top(top, hidden_test[rows], test_packed.subset(rows), stops))
+                put("lora_gen", rows, score_top(top, hidden_test[rows], test_packed.subset(rows), stops))
             finally:
-                M.unmerge(edge, originals)
-            put("task_prompt", rows, M.score_with_prefix(edge, prefix_of[i], ctx_sub[i], stops))
+                unmerge(edge, originals)
+            put("task_prompt", rows, score_with_prefix(edge, prefix_of[i], ctx_sub[i], stops))
 
     seen_rows = [r for r, t in enumerate(test_task) if tasks[t].seen]
     unseen_rows = [r for r, t in enumerate(test_task) if not tasks[t].seen]
@@ -289,12 +312,12 @@ def run(cfg: Any, ctx: Any) -> Any:
     with torch.no_grad():
         for _ in range(cfg.merge_repeats):
             t0 = time.perf_counter()
-            states, mask = M.encode_cloud(cloud, ctok, [prompt])
+            states, mask = encode_cloud(cloud, ctok, [prompt])
             t1 = time.perf_counter()
             g = gen.gate(states, mask).gates[0]
-            originals = M.merge_deltas(edge, gen.deltas(g))
+            originals = merge_deltas(edge, gen.deltas(g))
             t2 = time.perf_counter()
-            M.unmerge(edge, originals)
+            unmerge(edge, originals)
             costs.append((t2 - t0) * 1e3)
             cloud_part.append((t1 - t0) * 1e3)
     ctx.record("lora_gen", "generate_merge_ms", costs, unit="ms", note="cloud forward + generator + merge, per task")
@@ -308,12 +331,12 @@ def run(cfg: Any, ctx: Any) -> Any:
         note=f"amortised over the task's {n_amortise} test queries",
     )
     with torch.no_grad():
-        merged = M.export_peft(copy.deepcopy(edge), gen, gates_of[t_idx]).merge_and_unload()
-        originals = M.merge_deltas(edge, gen.deltas(gates_of[t_idx]))
+        merged = export_peft(copy.deepcopy(edge), gen, gates_of[t_idx]).merge_and_unload()
+        originals = merge_deltas(edge, gen.deltas(gates_of[t_idx]))
         diff = max(
             float((merged.get_submodule(n).weight - edge.get_submodule(n).weight).abs().max()) for n in originals
         )
-        M.unmerge(edge, originals)
+        unmerge(edge, originals)
     ctx.record_value("lora_gen", "peft_merge_max_abs_diff", diff, note="peft 'cat' export + merge vs direct merge")
 
     # 7. latency per query, interleaved: prompt in context vs LoRA-Gen merged vs the bare base model
@@ -368,7 +391,7 @@ def run(cfg: Any, ctx: Any) -> Any:
     if report.contended:
         ctx.note("Timing ran on a contended machine (load average above the CPU count): latencies are noisy.")
 
-    # 8. the rest of the record: one training budget for every trained system (`train_kw`, `M.batch_stream`)
+    # 8. the rest of the record: one training budget for every trained system (`train_kw`, `training.batch_stream`)
     ctx.record_value("lora_gen", "trainable_params", gen.n_trainable())
     ctx.record_value("lora_gen", "expert_params", gen.expert_parameters())
     for s in ("multitask_lora", "multitask_lora_ctx"):

@@ -66,29 +66,10 @@ SPEC = register_method(
 # The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "ARGSLogitsProcessor",
-        "Generation",
-        "RewardGuidedLogitsProcessor",
-        "RewardInputs",
-        "ScalarRM",
-        "TrainLog",
-        "VChannelRM",
-        "best_of_n",
-        "body_hidden_states",
-        "bt_accuracy",
-        "bt_loss",
-        "check_shared_vocab",
-        "generate_batch",
-        "max_constraint_loss",
-        "pad_token_id",
-        "reward_inputs",
-        "score_responses",
-        "score_sequences",
-        "train_bt",
-        "train_farma_rm",
-        "train_max",
-    ),
+    method="__all__",
+    baselines="__all__",
+    reward_models="__all__",
+    sampling="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lmlab.config import BaseConfig, check_range, param
-from lmlab.methods.decoding.farma.method import HEAD_MODES
+from lmlab.methods.decoding.farma.reward_models import HEAD_MODES
 
 GOLD_REWARDS = ("positivity", "topic_period")
 

@@ -39,21 +39,10 @@ from lmlab.core.inference.scoring import chat_prompt, encode_prompt
 from lmlab.core.report.plotting import bar_with_ci, quality_vs_compute, title_for
 from lmlab.core.stats.seeding import derive_seed
 from lmlab.data import seeded_rng
-from lmlab.methods.decoding.farma.method import (
-    ARGSLogitsProcessor,
-    Generation,
-    RewardGuidedLogitsProcessor,
-    RewardInputs,
-    ScalarRM,
-    VChannelRM,
-    best_of_n,
-    bt_accuracy,
-    generate_batch,
-    pad_token_id,
-    reward_inputs,
-    train_bt,
-    train_farma_rm,
-)
+from lmlab.methods.decoding.farma.baselines import ARGSLogitsProcessor, best_of_n
+from lmlab.methods.decoding.farma.method import RewardGuidedLogitsProcessor, bt_accuracy, train_bt, train_farma_rm
+from lmlab.methods.decoding.farma.reward_models import RewardInputs, ScalarRM, VChannelRM, reward_inputs
+from lmlab.methods.decoding.farma.sampling import Generation, generate_batch, pad_token_id
 from lmlab.results import Claim
 
 PROMPT = "Write one sentence about {topic}."

@@ -47,6 +47,9 @@ __getattr__, _LAZY = lazy_exports(
     __name__,
     method="__all__",
     backends="__all__",
+    program="__all__",
+    cfg_build="__all__",
+    cfg="__all__",
     units="__all__",
     mutations="__all__",
 )

@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from lmlab.methods.decoding.ralu.mutations import context_names, unit_candidates
-from lmlab.methods.decoding.ralu.units import LogicUnit, Program, apply_fix, apply_fixes
+from lmlab.methods.decoding.ralu.program import LogicUnit, Program
+from lmlab.methods.decoding.ralu.units import apply_fix, apply_fixes
 
 __all__ = [
     "APIChatBackend",

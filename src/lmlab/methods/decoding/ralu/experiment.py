@@ -77,9 +77,11 @@ def _mutants(cfg: Any, ctx: Any, examples: list[Any]) -> list[dict[str, Any]]:
     mode can undo it.
     """
     from lmlab.data.humaneval import problem
+    from lmlab.methods.decoding.ralu.cfg import cfg_units
+    from lmlab.methods.decoding.ralu.cfg_build import CFGError
     from lmlab.methods.decoding.ralu.method import clean_spec
     from lmlab.methods.decoding.ralu.mutations import injection_sites, reachable
-    from lmlab.methods.decoding.ralu.units import CFGError, Program, cfg_units
+    from lmlab.methods.decoding.ralu.program import Program
 
     chosen = []
     for ex in examples:
@@ -202,8 +204,8 @@ def _judge_sensitivity(backend: Any, item: dict[str, Any], res: Any) -> tuple[fl
     mutant's units line up with the canonical program's.
     """
     from lmlab.methods.decoding.ralu.backends import HFChatBackend
+    from lmlab.methods.decoding.ralu.cfg import cfg_units
     from lmlab.methods.decoding.ralu.prompts import CODE_SYSTEM
-    from lmlab.methods.decoding.ralu.units import cfg_units
 
     if not isinstance(backend, HFChatBackend):
         return None
@@ -224,7 +226,7 @@ def _judge_sensitivity(backend: Any, item: dict[str, Any], res: Any) -> tuple[fl
 def run(cfg: Any, ctx: Any):
     from lmlab.core.report.plotting import bar_with_ci, title_for
     from lmlab.methods.decoding.ralu.backends import OracleJudgeBackend
-    from lmlab.methods.decoding.ralu.units import cfg_units
+    from lmlab.methods.decoding.ralu.cfg import cfg_units
 
     systems = [s for s in ("initial", "whole_refine", "ralu_line", "ralu_cfg", "oracle_cfg") if s in cfg.systems]
     for must in ("initial", "ralu_cfg"):

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lmlab.methods.decoding.ralu.backends import ChatBackend, ChatResponse
+from lmlab.methods.decoding.ralu.program import LogicUnit, Program
 from lmlab.methods.decoding.ralu.prompts import (
     CODE_SYNTHESIS_SYSTEM,
     CODE_SYSTEM,
@@ -34,7 +35,7 @@ from lmlab.methods.decoding.ralu.prompts import (
     STEP_CODE_SYSTEM,
     STEP_WRITER_SYSTEM,
 )
-from lmlab.methods.decoding.ralu.units import LogicUnit, Program, apply_fixes, extract_units
+from lmlab.methods.decoding.ralu.units import apply_fixes, extract_units
 
 __all__ = [
     "RaLUResult",

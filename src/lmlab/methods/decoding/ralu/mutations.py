@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lmlab.methods.decoding.ralu.units import _code_spans, _unparse
+from lmlab.methods.decoding.ralu.program import _code_spans, _unparse
 
 __all__ = [
     "MAX_SWAP_LITERALS",
@@ -209,7 +209,7 @@ def mutate_snippet(snippet: str, names: Iterable[str] = ()) -> list[Mutation]:
 
 def snippet_spans(unit: str) -> list[tuple[int, int]]:
     """Character spans of the code snippets of a unit string (``RUN [...]`` lines, back-ticked code, as
-    `lmlab.methods.decoding.ralu.units.text_fragments` reads them); a unit with neither (a line unit) is one
+    `lmlab.methods.decoding.ralu.program.text_fragments` reads them); a unit with neither (a line unit) is one
     snippet."""
     spans = _code_spans(unit)
     if not spans and unit.strip():
@@ -322,7 +322,8 @@ def injection_sites(
     Returns:
         `dict[int, list[Site]]`: unit index -> sites, in a fixed order (units without a site are absent).
     """
-    from lmlab.methods.decoding.ralu.units import apply_fix, cfg_units
+    from lmlab.methods.decoding.ralu.cfg import cfg_units
+    from lmlab.methods.decoding.ralu.units import apply_fix
 
     names = local_names(program, entry_point)
     out: dict[int, list[Site]] = {}

@@ -37,8 +37,8 @@ from lmlab.core.inference.steps import StepModel
 from lmlab.core.report.plotting import bar_with_ci, quality_vs_compute, title_for
 from lmlab.core.stats.seeding import derive_seed
 from lmlab.data import grade
+from lmlab.data.capital_prms import STOP_MARKERS, capital_shots
 from lmlab.data.capital_steps import step_prefixes, step_scores
-from lmlab.methods.decoding.capitals import STOP_MARKERS, capital_shots
 from lmlab.methods.decoding.rsd.method import (
     ConstantOmega,
     RSDOutput,
@@ -59,7 +59,7 @@ def _fmt_delta(delta: float) -> str:
 
 def _make_prm(name: str, cfg: Any) -> Any:
     from lmlab.core.training.prm import is_prm_spec, load_prm
-    from lmlab.methods.decoding.capitals import NoisyOraclePRM, OracleFactPRM, ProbePRM
+    from lmlab.data.capital_prms import NoisyOraclePRM, OracleFactPRM, ProbePRM
 
     if is_prm_spec(name):  # a saved PRM, e.g. implicit:DIR (lmlab.core.training.prm.register_prm_loader)
         return load_prm(name, device=cfg.device, dtype=cfg.dtype)

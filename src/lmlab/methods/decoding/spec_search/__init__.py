@@ -55,16 +55,10 @@ SPEC = register_method(
 # The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
-        "SearchResult",
-        "SpeculativeThoughtModel",
-        "ThoughtModel",
-        "beam_search",
-        "ema_update",
-        "select_top",
-        "spec_search",
-        "speculative_decode",
-    ),
+    method="__all__",
+    search="__all__",
+    speculative_decoding="__all__",
+    thought_model="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from lmlab.config import BaseConfig, check_range, param
 from lmlab.core.training.prm import is_prm_spec
-from lmlab.methods.decoding.spec_search.method import AGGREGATES, ESTIMATORS
+from lmlab.methods.decoding.spec_search.method import ESTIMATORS
+from lmlab.methods.decoding.spec_search.search import AGGREGATES
 
 PRM_NAMES = ("noisy", "probe", "oracle")
 FORMATS = ("auto", "chat", "fewshot")

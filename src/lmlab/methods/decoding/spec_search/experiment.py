@@ -35,9 +35,10 @@ import numpy as np
 from lmlab.core.inference.scoring import has_chat_template
 from lmlab.core.report.plotting import bar_with_ci, quality_vs_compute, title_for
 from lmlab.data import grade
+from lmlab.data.capital_prms import STOP_MARKERS, NoisyOraclePRM, OracleFactPRM, ProbePRM, capital_shots
 from lmlab.data.capital_steps import step_prefixes, step_scores
-from lmlab.methods.decoding.capitals import STOP_MARKERS, NoisyOraclePRM, OracleFactPRM, ProbePRM, capital_shots
-from lmlab.methods.decoding.spec_search.method import ThoughtModel, beam_search, spec_search
+from lmlab.methods.decoding.spec_search.method import beam_search, spec_search
+from lmlab.methods.decoding.spec_search.thought_model import ThoughtModel
 from lmlab.results import Claim
 
 SD_NOTE = (

@@ -89,6 +89,8 @@ SPEC = register_method(
 # The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
 __getattr__, _LAZY = lazy_exports(
     __name__,
+    patterns="__all__",
+    blocks="__all__",
     method="__all__",
     modality="__all__",
     attention="__all__",

@@ -49,7 +49,6 @@ from lmlab.methods.efficiency.mminference.method import (
     amdahl_bound,
     attention_flop_share,
     build_layer_index,
-    causal_attention_probs,
     default_search_space,
     search_patterns,
     sparse_prefill,
@@ -62,6 +61,7 @@ from lmlab.methods.efficiency.mminference.modality import (
     mm_search_space,
     search_mm_patterns,
 )
+from lmlab.methods.efficiency.mminference.patterns import causal_attention_probs
 from lmlab.results import Claim
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,22 +1,13 @@
 """MMInference / MInference sparse prefill: offline per-head pattern search, online index build, block kernel.
 
-recall(M) = (1/n) sum_i sum_{j: (i,j) in M} A_ij  (A = causal softmax(Q K^T / sqrt(d))); a head keeps the first
-pattern of the ordered search space, and switches only when a later one raises recall by more than
-``minimal_delta`` = 0.01 (MMInference, Li et al., ICML 2025, https://arxiv.org/abs/2504.16083; official code
-``minference/modules/mminference.py::pattern_search_attn_delta`` in https://github.com/microsoft/MInference).
+The patterns, their sets and recall are in `patterns`; the block index structures in `blocks`; MMInference's
+modality-aware permutation and mixed-modality patterns in `modality`. This module holds the search, the per-input
+index build, the kernel and the analytic ceilings.
 
-Patterns (tuples, as in the official best-pattern JSON):
-
-- ``("a_shape", n_init, n_local)``: sink columns j < n_init plus the band 0 <= i - j < n_local.
-- ``("vs_attn", v, s)``: vertical-slash (MInference). Online per input: the last ``last_q`` queries give
-  ``softmax(q_last K^T / sqrt(d))`` under a causal mask; vertical score = column sums (the first 30 columns forced
-  in), slash score = sums along diagonals (the 100 nearest diagonals forced in); keep the top v columns and top s
-  diagonals.
-- ``("grid_attn", stride, h, v, n_local, shift)``: MMInference's grid: the band 0 <= i - j <= n_local, vertical lines
-  j = shift (mod stride) when v, horizontal lines (whole rows) i = shift (mod stride) when h. The shift is searched
-  over {0, 1, stride - 1}. Horizontal lines are MMInference's permuted rows: gathered together they are one dense
-  block (``HeadGroup.rows`` below).
-- ``("dense",)``: a head whose best recall stays below ``min_recall`` (an lmlab option; 0 disables it).
+Search: a head keeps the first pattern of the ordered search space (`default_search_space`), and switches only when
+a later one raises recall (`patterns.recall`) by more than ``minimal_delta`` = 0.01 (MMInference, Li et al., ICML
+2025, https://arxiv.org/abs/2504.16083; official code ``minference/modules/mminference.py::pattern_search_attn_delta``
+in https://github.com/microsoft/MInference).
 
 The kernel (`sparse_attention`) is a block-sparse CPU analogue of MInference's Triton kernels: queries in blocks of
 ``block_size`` rows; each block attends the union over its rows of the pattern's keys (a slash becomes a contiguous
@@ -30,187 +21,32 @@ Everything here is pure: tensors in, tensors and statistics out.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-Pattern = tuple  # ("a_shape", n_init, n_local) | ("vs_attn", v, s) | ("grid_attn", stride, h, v, n_local, shift) | ...
-
-# MMInference's mixed-modality kinds (`modality`): each is ``(kind, v, s)`` and needs the input's modality layout
-MM_KINDS = ("q_boundary", "2d_boundary", "vision_grid")
-PATTERN_KINDS = ("a_shape", "vs_attn", "grid_attn", "dense", *MM_KINDS)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# attention maps and their diagonal / column sums
-
-
-def causal_attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """Dense causal softmax(q k^T * scale) of one head, fp32.
-
-    Args:
-        q (`torch.Tensor`): (n, d) queries (post-RoPE). k (`torch.Tensor`): (n, d) keys.
-        scale (`float`, *optional*): defaults to 1/sqrt(d).
-
-    Returns:
-        `torch.Tensor`: (n, n) row-stochastic, zero above the diagonal.
-    """
-    n, d = q.shape
-    scale = d**-0.5 if scale is None else scale
-    s = (q.float() @ k.float().T) * scale  # (n, n)
-    s.masked_fill_(torch.ones(n, n, dtype=torch.bool).triu_(1), float("-inf"))
-    return torch.softmax(s, dim=-1)
-
-
-def diagonal_sums(x: torch.Tensor) -> torch.Tensor:
-    """Sums along the diagonals of the last ``m`` rows of an (n-wide) causal map.
-
-    ``x`` holds rows n-m .. n-1 of an (n, n) map (m <= n). ``out[d] = sum_r x[r, (n - m + r) - d]`` over valid
-    columns: the mass at distance d = i - j from the main diagonal (d = 0 is the diagonal). Same quantity as the
-    official ``sum_all_diagonal_matrix(qk)[..., :-last_q + 1]``, indexed by distance instead of reversed.
-
-    Args:
-        x (`torch.Tensor`): (..., m, n).
-
-    Returns:
-        `torch.Tensor`: (..., n).
-    """
-    *lead, m, n = x.shape
-    x = x.reshape(-1, m, n)
-    b = x.shape[0]
-    w = n + m - 1
-    # flip columns and pad m - 1 zeros on the right: row r, distance d then sits at a constant stride of w - 1
-    z = F.pad(x.flip(-1), (0, m - 1))
-    view = z.as_strided((b, m, n), (m * w, w - 1, 1), m - 1)
-    return view.sum(1).reshape(*lead, n)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# patterns as (diagonals, columns, rows): the token-level mask is {(i, j): j <= i and (i - j in S or j in V or i in R)}
-
-
-@dataclass
-class PatternSets:
-    """A pattern instantiated for one input length: sorted distance set S, column set V, dense-row set R."""
-
-    diags: torch.Tensor  # (|S|,) int64, sorted, distances i - j >= 0
-    cols: torch.Tensor  # (|V|,) int64, sorted
-    rows: torch.Tensor  # (|R|,) int64, sorted: rows attending every key j <= i
-
-
-def _arange(lo: int, hi: int, step: int = 1) -> torch.Tensor:
-    return torch.arange(lo, max(lo, hi), step, dtype=torch.long)
-
-
-def pattern_sets(
-    pattern: Pattern, n: int, *, vs_indices: tuple[torch.Tensor, torch.Tensor] | None = None
-) -> PatternSets:
-    """The (S, V, R) sets of a pattern at length n (VS needs its estimated ``(cols, diags)``)."""
-    kind = pattern[0]
-    empty = torch.zeros(0, dtype=torch.long)
-    if kind == "a_shape":
-        n_init, n_local = int(pattern[1]), int(pattern[2])
-        return PatternSets(_arange(0, min(n, max(1, n_local))), _arange(0, min(n, n_init)), empty)
-    if kind == "grid_attn":
-        stride, h, v = int(pattern[1]), bool(pattern[2]), bool(pattern[3])
-        n_local, shift = int(pattern[4]), int(pattern[5])
-        lines = _arange(shift % stride, n, stride)
-        return PatternSets(_arange(0, min(n, n_local + 1)), lines if v else empty, lines if h else empty)
-    if kind == "vs_attn":
-        if vs_indices is None:
-            raise ValueError("a vs_attn pattern needs its estimated (cols, diags): call vs_estimate first")
-        cols, diags = vs_indices
-        return PatternSets(diags.sort().values, cols.sort().values, empty)
-    if kind == "dense":
-        return PatternSets(_arange(0, n), empty, empty)
-    if kind in MM_KINDS:
-        raise ValueError(f"{kind!r} has one (S, V) set per modality: use modality.mm_estimate / mm_token_mask")
-    raise ValueError(f"unknown pattern kind {kind!r}; expected one of {', '.join(PATTERN_KINDS)}")
-
-
-def token_mask(sets: PatternSets, n: int) -> torch.Tensor:
-    """The (n, n) boolean token-level mask of a pattern (for tests and small maps)."""
-    i = torch.arange(n)[:, None]
-    j = torch.arange(n)[None, :]
-    in_s = torch.zeros(n, dtype=torch.bool)
-    in_s[sets.diags] = True
-    in_v = torch.zeros(n, dtype=torch.bool)
-    in_v[sets.cols] = True
-    in_r = torch.zeros(n, dtype=torch.bool)
-    in_r[sets.rows] = True
-    causal = j <= i
-    return causal & (in_s[(i - j).clamp(min=0)] | in_v[j].expand(n, n) | in_r[i].expand(n, n))
-
-
-def recall(a: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean over rows of the probability mass inside `mask` (the official ``est_attn.sum(-1).mean(-1)``)."""
-    return float((a * mask).sum(-1).mean())
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# vertical-slash estimation (MInference's last-q estimate)
-
-
-def vs_scores(last_probs: torch.Tensor, *, forced_columns: int = 30, forced_diagonals: int = 100):
-    """Vertical and slash scores from the last queries' attention probabilities.
-
-    Args:
-        last_probs (`torch.Tensor`): (..., m, n) causal softmax rows of the last m queries.
-
-    Returns:
-        ``(vertical, slash)``, each (..., n): column sums with the first `forced_columns` set to +inf, and diagonal
-        sums by distance with the `forced_diagonals` nearest set to +inf (both forced in by top-k).
-    """
-    vertical = last_probs.sum(-2)
-    vertical[..., :forced_columns] = math.inf
-    slash = diagonal_sums(last_probs)
-    slash[..., :forced_diagonals] = math.inf
-    return vertical, slash
-
-
-def vs_topk(vertical: torch.Tensor, slash: torch.Tensor, v: int, s: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-v columns and top-s diagonal distances (official sizes: ``min(n, max(v, 30))``, ``min(n, max(s, 50))``)."""
-    n = vertical.shape[-1]
-    v = min(n, max(int(v), 30))
-    s = min(n, max(int(s), 50))
-    return torch.topk(vertical, v, dim=-1).indices, torch.topk(slash, s, dim=-1).indices
-
-
-def vs_estimate(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v_size: int,
-    s_size: int,
-    *,
-    last_q: int = 64,
-    scale: float | None = None,
-    forced_columns: int = 30,
-    forced_diagonals: int = 100,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """MInference's online VS index: ``softmax(q[-last_q:] K^T * scale)`` (causal), then top-v columns, top-s slashes.
-
-    Args:
-        q (`torch.Tensor`): (h, n, d) queries of h heads. k (`torch.Tensor`): (h, n, d) their keys (GQA: expanded).
-
-    Returns:
-        ``(cols, diags)``: (h, v') column indices and (h, s') diagonal distances (unsorted).
-    """
-    h, n, d = q.shape
-    m = min(last_q, n)
-    scale = d**-0.5 if scale is None else scale
-    qk = torch.bmm(q[:, -m:].float(), k.float().transpose(1, 2)) * scale  # (h, m, n)
-    # causal mask inside the last block: query n - m + r sees keys <= n - m + r
-    tail = torch.ones(m, m, dtype=torch.bool).triu_(1)
-    qk[:, :, n - m :].masked_fill_(tail, float("-inf"))
-    probs = torch.softmax(qk, dim=-1)
-    vertical, slash = vs_scores(probs, forced_columns=forced_columns, forced_diagonals=forced_diagonals)
-    return vs_topk(vertical, slash, v_size, s_size)
-
+from lmlab.methods.efficiency.mminference.blocks import (
+    HeadGroup,
+    LayerIndex,
+    block_bounds,
+    block_coverage,
+    block_keys,
+)
+from lmlab.methods.efficiency.mminference.modality import mm_head_groups
+from lmlab.methods.efficiency.mminference.patterns import (
+    MM_KINDS,
+    PATTERN_KINDS,
+    Pattern,
+    _MapStats,
+    causal_attention_probs,
+    pattern_sets,
+    vs_estimate,
+    vs_scores,
+    vs_topk,
+)
 
 # ---------------------------------------------------------------------------------------------------------------
 # offline pattern search
@@ -237,39 +73,6 @@ def default_search_space(
     space.append(("a_shape", int(a_shape[0]), int(a_shape[1])))
     space += [("vs_attn", int(v), int(s)) for v, s in vs]
     return space
-
-
-class _MapStats:
-    """Per-map sums reused by every candidate: diagonal sums D, column sums C (recall from sets, no n x n mask)."""
-
-    def __init__(self, a: torch.Tensor) -> None:
-        self.a = a
-        self.n = a.shape[-1]
-        self.diag = diagonal_sums(a)  # (n,)
-        self.col = a.sum(0)  # (n,)
-        self.flat = a.reshape(-1)
-
-    def recall(self, sets: PatternSets) -> float:
-        """Exact recall of the token-level mask of `sets` (inclusion-exclusion on diagonals x columns, then rows)."""
-        a, n = self.a, self.n
-        s, v, r = sets.diags, sets.cols, sets.rows
-        total = self.diag[s].sum() + self.col[v].sum()
-        if len(s) and len(v):
-            ii = v[None, :] + s[:, None]  # (|S|, |V|) rows of the overlap entries (i, j) = (j + d, j)
-            ok = ii < n
-            flat = torch.where(ok, ii * n + v[None, :], 0).reshape(-1)
-            total = total - (self.flat.index_select(0, flat) * ok.reshape(-1)).sum()
-        if len(r):
-            # rows in R attend everything: replace their (S, V) mass by their full mass (1 per row)
-            in_s = torch.zeros(n, dtype=torch.bool)
-            in_s[s] = True
-            in_v = torch.zeros(n, dtype=torch.bool)
-            in_v[v] = True
-            j = torch.arange(n)[None, :]
-            dist = r[:, None] - j
-            m = (dist >= 0) & (in_s[dist.clamp(min=0)] | in_v[j])
-            total = total - (a[r] * m).sum() + a[r].sum()
-        return float(total / n)
 
 
 def search_head(
@@ -390,141 +193,7 @@ def search_patterns(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# online index: block coverage, and the block-sparse kernel
-
-
-def range_coverage(
-    diags: torch.Tensor,
-    cols: torch.Tensor,
-    c0: torch.Tensor,
-    c1: torch.Tensor,
-    n: int,
-    *,
-    key_pos: torch.Tensor | None = None,
-    row_max: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Keys each query block covers, in key coordinates: the block-expanded union of slashes and verticals.
-
-    Block b holds the query rows whose key coordinates are the contiguous range [c0_b, c1_b) (their own positions
-    in the key order; the identity order for unpermuted heads). A slash at (key-coordinate) distance d covers keys
-    [c0 - d, c1 - 1 - d] (MInference's ``block_offset``), a vertical j every block; distance 0 (each row's own key)
-    is always covered. Distances may be negative in a permuted key order. Finally keys no row of the block can see
-    are dropped: original position ``key_pos[j]`` (identity if None) above ``row_max[b]`` (the block's last row if
-    None, i.e. c1 - 1 in the identity order).
-
-    Args:
-        diags (`torch.Tensor`): kept distances, int64 in [-(n - 1), n - 1]. cols (`torch.Tensor`): kept key coords.
-        c0, c1 (`torch.Tensor`): (n_blocks,) first and one-past-last key coordinate of each block's rows.
-
-    Returns:
-        `torch.Tensor`: (n_blocks, n) bool over key coordinates.
-    """
-    o = n - 1  # distance d sits at index d + o
-    j = torch.arange(n)
-    in_s = torch.zeros(2 * n - 1, dtype=torch.int32)
-    d = diags[(diags > -n) & (diags < n)]
-    in_s[d + o] = 1
-    in_s[o] = 1  # the diagonal
-    cum = torch.zeros(2 * n, dtype=torch.int32)
-    cum[1:] = in_s.cumsum(0)
-    # block b covers key j iff some kept distance lies in [c0 - j, c1 - 1 - j]
-    lo = (c0[:, None] - j[None, :] + o).clamp(0, 2 * n - 1)
-    hi = (c1[:, None] - j[None, :] + o).clamp(0, 2 * n - 1)  # exclusive
-    cov = (cum[hi] - cum[lo]) > 0
-    if len(cols):
-        cov[:, cols] = True
-    row_max = c1 - 1 if row_max is None else row_max
-    pos = j if key_pos is None else key_pos
-    cov &= pos[None, :] <= row_max[:, None]
-    return cov
-
-
-def block_coverage(sets: PatternSets, n: int, block_size: int) -> torch.Tensor:
-    """Keys each query block attends: ``cov[b, j]`` = some row i of block b has (i, j) in the token mask, and j <= i.
-
-    A slash at distance d covers keys [r0 - d, r1 - 1 - d] of block [r0, r1) (MInference's ``block_offset``); a
-    vertical j is covered by every block ending after j (``column_index``); the diagonal is always covered.
-
-    Returns:
-        `torch.Tensor`: (n_blocks, n) bool.
-    """
-    starts = torch.arange(0, n, block_size)
-    ends = (starts + block_size).clamp(max=n)
-    return range_coverage(sets.diags, sets.cols, starts, ends, n)
-
-
-@dataclass
-class HeadGroup:
-    """Query heads that share one block index (all heads of one static pattern, or one VS / MMInference head).
-
-    Unpermuted groups (``qperm`` None) use query blocks of ``block_size`` rows. Permuted groups (MMInference's
-    modality-aware and grid permutations, `modality`) run on the query rows reordered by ``qperm`` (row r of the
-    permuted block space is original position ``qperm[r]``), in blocks ``[starts[b], starts[b + 1])``, and list
-    their keys in the key order ``kperm`` (key coordinate j is original position ``kperm[j]``); the kernel un-permutes
-    the output at the end.
-    """
-
-    heads: torch.Tensor  # (g,) query heads
-    keys: torch.Tensor  # (n_blocks, m_max) key coordinates per query block, ascending, padded with n
-    counts: torch.Tensor  # (n_blocks,) real keys per block
-    rows: torch.Tensor  # (|R|,) dense rows (grid horizontal lines, original positions), possibly empty
-    qperm: torch.Tensor | None = None  # (n,) query order, a permutation of range(n); None = identity
-    kperm: torch.Tensor | None = None  # (n,) key order; None = identity
-    starts: torch.Tensor | None = None  # (n_blocks + 1,) block bounds in the permuted row order; None = uniform
-
-
-@dataclass
-class LayerIndex:
-    """The online sparse index of one layer: dense heads, and groups of sparse heads with their block keys."""
-
-    n: int
-    block_size: int
-    dense_heads: torch.Tensor  # (h_d,) query heads run by dense SDPA
-    groups: list[HeadGroup] = field(default_factory=list)
-    density: torch.Tensor = field(default_factory=lambda: torch.zeros(0))  # (h_q,) kept causal pairs / n(n+1)/2
-    work: float = 0.0  # computed score entries (incl. masked and padded) / (h_q n (n+1) / 2)
-    index_s: float = 0.0  # seconds spent building this index (estimation + coverage)
-
-
-def block_keys(cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(n_blocks, n) coverage -> ascending key positions per block, padded with n, and the per-block counts."""
-    nb, n = cov.shape
-    counts = cov.sum(-1)
-    m_max = int(counts.max()) if nb else 0
-    bb, jj = cov.nonzero(as_tuple=True)  # row-major: ascending j within each block
-    offsets = counts.cumsum(0) - counts
-    keys = torch.full((nb, m_max), n, dtype=torch.long)
-    keys[bb, torch.arange(len(jj)) - offsets[bb]] = jj
-    return keys, counts
-
-
-def block_bounds(group: HeadGroup, n: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(starts, ends) of the group's query blocks in its (permuted) row order."""
-    if group.starts is not None:
-        return group.starts[:-1], group.starts[1:]
-    starts = torch.arange(0, n, block_size)
-    return starts, (starts + block_size).clamp(max=n)
-
-
-def effective_mask(group: HeadGroup, n: int, block_size: int) -> torch.Tensor:
-    """The (n, n) token-level mask (original positions) the kernel computes for one head of `group`.
-
-    Each block's rows see each of the block's keys at or before them (exact causal mask); dense rows see every
-    key at or before them. This is the pattern expanded to block granularity, as the kernel runs it.
-    """
-    starts, ends = block_bounds(group, n, block_size)
-    qperm = torch.arange(n) if group.qperm is None else group.qperm
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for b in range(len(starts)):
-        r0, r1, m = int(starts[b]), int(ends[b]), int(group.counts[b])
-        keys = group.keys[b, :m]
-        pos = keys if group.kperm is None else group.kperm[keys]
-        mask[qperm[r0:r1, None], pos[None, :]] = True
-    i = torch.arange(n)
-    mask &= i[None, :] <= i[:, None]
-    if len(group.rows):
-        mask[group.rows] = i[None, :] <= group.rows[:, None]
-    return mask
+# online index build, and the block-sparse kernel
 
 
 def build_layer_index(
@@ -591,8 +260,6 @@ def build_layer_index(
         if layout is None:
             kinds = sorted({p[0] for p in mm_pats.values()})
             raise ValueError(f"patterns {', '.join(kinds)} need the input's modality layout (layout=...)")
-        from lmlab.methods.efficiency.mminference.modality import mm_head_groups
-
         groups += mm_head_groups(
             q,
             k,
@@ -794,30 +461,12 @@ def attention_flop_share(n: int, *, n_heads: int, head_dim: int, linear_flops_pe
 
 
 __all__ = [
-    "MM_KINDS",
-    "PATTERN_KINDS",
-    "HeadGroup",
-    "LayerIndex",
-    "block_keys",
-    "PatternSets",
     "amdahl_bound",
     "attention_flop_share",
-    "block_bounds",
-    "block_coverage",
     "build_layer_index",
-    "causal_attention_probs",
     "default_search_space",
-    "diagonal_sums",
-    "effective_mask",
-    "pattern_sets",
-    "range_coverage",
-    "recall",
     "search_head",
     "search_patterns",
     "sparse_attention",
     "sparse_prefill",
-    "token_mask",
-    "vs_estimate",
-    "vs_scores",
-    "vs_topk",
 ]

@@ -50,14 +50,11 @@ from typing import Any
 
 import torch
 
-from lmlab.methods.efficiency.mminference.method import (
-    HeadGroup,
+from lmlab.methods.efficiency.mminference.blocks import HeadGroup, block_bounds, block_keys, range_coverage
+from lmlab.methods.efficiency.mminference.patterns import (
     _MapStats,
-    block_bounds,
-    block_keys,
     causal_attention_probs,
     pattern_sets,
-    range_coverage,
     vs_scores,
     vs_topk,
 )
@@ -351,7 +348,7 @@ def keyspace_sums(
         ``(D, C)``: ``D[d + n - 1] = sum_{i in rows} sum_j a[i, j] [c(i) - c(j) = d]`` for d in (-n, n), and
         ``C[j'] = sum_{i in rows} a[i, kperm[j']]``. Per run of rows with consecutive key coordinates
         c0 .. c0 + L - 1, the columns are put in key order and row t is shifted right by L - 1 - t (flip, zero pad,
-        strided view, as `method.diagonal_sums`), so each column of the shifted block holds one distance: O(L n),
+        strided view, as `patterns.diagonal_sums`), so each column of the shifted block holds one distance: O(L n),
         no index tensor.
     """
     n = a.shape[-1]
@@ -407,7 +404,7 @@ def mm_recall(
 
 
 def group_recall(a: torch.Tensor, group: HeadGroup, n: int, block_size: int) -> float:
-    """Recall of what the kernel computes for one head of `group` (`method.effective_mask`), from its blocks.
+    """Recall of what the kernel computes for one head of `group` (`blocks.effective_mask`), from its blocks.
 
     Each block's rows keep the block's keys at or before them: a is causal, so that mass is
     ``a[rows][:, keys].sum()``; dense rows keep everything (recall 1). Equal to ``recall(a, effective_mask(...))``.
@@ -557,7 +554,7 @@ def search_mm_head(
 ) -> tuple[tuple, dict[str, float]]:
     """Official ``pattern_search_attn_delta`` rule over mixed-modality kinds for one head's dense map `a` (n, n).
 
-    Recall of each candidate is that of its token-level mask (`mm_token_mask`; VS: `method.pattern_sets`),
+    Recall of each candidate is that of its token-level mask (`mm_token_mask`; VS: `patterns.pattern_sets`),
     estimated from the same last queries the online index uses. A later candidate replaces the best only if it
     raises recall by more than `minimal_delta`.
 
