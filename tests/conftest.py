@@ -64,6 +64,18 @@ def pytest_configure(config):
     torch.set_num_threads(int(os.environ.get("LMLAB_TEST_THREADS", "1")))
 
 
+# pytest's default --timeout=300 (pyproject) fits the fast tests. A slow (real-model) test gets at least 3x its quiet
+# time so that another job on the machine cannot fail it: the slowest measured quietly take 100-300 s (fedicu's
+# default ~105 s, the Flower loopback ~102 s, graphfilter / ferret up to ~200 s; 300-380 s seen with a second job).
+SLOW_TEST_TIMEOUT_S = 1200
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     from lmlab.core.inference.tiny import make_byte_tokenizer

@@ -94,6 +94,8 @@ def other_process(tmp_path_factory):
     return out / "r"
 
 
+# the fixture's one `lmlab reproduce` of every method takes ~150-380 s (quiet / beside another job): 3x margin
+@pytest.mark.timeout(1500)
 def test_same_seed_gives_identical_numbers_in_another_process(smoke_run, other_process, comparable):
     method_id, root, _, _ = smoke_run
     here = json.loads((root / "a" / "result.json").read_text())

@@ -1,4 +1,4 @@
-"""The capital-listing task as the decoding area uses it: few-shot shots, step stop markers, and its PRMs.
+"""The capital-listing task as the decoding area uses it: few-shot shots, step stop markers and its PRMs.
 
 `rsd` and `spec_search` run on `lmlab.data.capital_steps` (one ``"Country: Capital"`` step per country). What is
 specific to that task lives here, not in `lmlab.core` (which only knows the PRM interface,
