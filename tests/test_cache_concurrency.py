@@ -4,6 +4,8 @@
 - Two real ``lmlab run wanda --preset smoke`` processes on a GGUF model that goes through the cache both succeed.
 - A builder SIGKILLed midway leaves only a temporary folder; the next call detects it, removes it and rebuilds.
 - A cache folder corrupted after the fact fails verification and is rebuilt.
+- Two `lmlab.zoo.build.build_cache` processes on the same response cache (suite, seed) at once, sharing a variant:
+  both succeed, the shared variant is built once, and the cache holds every variant of both (no lost merge).
 - A full disk while writing results (a 256 KiB tmpfs; RLIMIT_FSIZE where mounting is not allowed) gives a one-line
   error, exit 1, and leaves earlier results intact and no temporary files.
 
@@ -209,6 +211,67 @@ def test_unwritable_cache_is_one_line_output_error(tmp_path, monkeypatch):
         M.ensure_cached("toy", "cd" * 32, lambda f: (f / "a").write_text("a"))
     assert "LMLAB_CACHE" in str(info.value) and "\n" not in str(info.value)
     assert blocker.read_text() == "x"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Two response-cache builds of the same (suite, seed) at once
+
+# A child process: log each variant build (pid, variant) and make it slow enough to overlap with the other child's,
+# wait until both children are ready (imports take a variable few seconds), then run the real `build_cache`.
+ZOO_CHILD = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    import lmlab.zoo.build as B
+    from lmlab.zoo.variants import VariantSpec
+
+    real_run_variant = B.run_variant
+
+    def logged_run_variant(spec, queries, opts):
+        with open(os.environ["BUILD_LOG"], "a") as log:
+            log.write(f"{os.getpid()} {spec.id}\\n")
+        time.sleep(1.0)
+        return real_run_variant(spec, queries, opts)
+
+    B.run_variant = logged_run_variant
+    out, own = Path(sys.argv[1]), sys.argv[2]
+    (out.parent / f"ready-{os.getpid()}").touch()
+    deadline = time.monotonic() + 120
+    while len(list(out.parent.glob("ready-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    own_spec = VariantSpec(own, "trunc", "tiny-llama", {"layers": 1}) if own.startswith("tiny-trunc") else (
+        VariantSpec(own, "zeroshot", "tiny-llama", {}))
+    cache = B.build_cache("mixed", 0, 6, variants=["tiny-random", own_spec], out=out, progress=False,
+                          max_new_tokens=2, option_probs=False)
+    print(" ".join(cache.variant_ids))
+    """
+)
+
+
+def test_two_processes_building_the_same_response_cache(tmp_path, env):
+    from lmlab.data.respcache import ResponseCache, cache_filename
+    from lmlab.zoo.build import parts_dir
+
+    out = tmp_path / "responses"
+    own = ["tiny-trunc1", "tiny-zeroshot2"]
+    procs = [
+        subprocess.Popen([PY, "-c", ZOO_CHILD, str(out), v], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for v in own
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (_, se) in zip(procs, outs):
+        assert p.returncode == 0, se[-3000:]
+    built = [line.split()[1] for line in _builds(env)]
+    assert sorted(built) == sorted(["tiny-random", *own]), built  # each variant built once: the other reused it
+    cache = ResponseCache.load(out / cache_filename("mixed", 0))
+    assert set(cache.variant_ids) == {"tiny-random", *own}  # the last merge kept the other process's variant
+    pairs = [(r.variant, r.query_id) for r in cache.rows]
+    assert len(pairs) == len(set(pairs)) == 3 * 6  # each query once per variant
+    for vid in cache.variant_ids:
+        assert len(cache.select(variants=[vid]).query_ids) == 6
+    leftovers = [p.name for p in (*out.iterdir(), *parts_dir(out, "mixed", 0).iterdir()) if p.name.endswith(".tmp")]
+    assert not leftovers
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -123,6 +123,34 @@ def test_resume_after_a_simulated_kill_and_failures_are_recorded(tmp_path, monke
     assert calls[-1] == "tiny-random"
 
 
+def test_no_resume_reuses_a_concurrent_builds_part_and_debris_of_a_killed_writer_is_removed(tmp_path, monkeypatch):
+    import os
+    import time
+
+    calls: list[str] = []
+    real = run_variant
+
+    def counted(spec, queries, opts=None):
+        calls.append(spec.id)
+        return real(spec, queries, opts)
+
+    monkeypatch.setattr(zoo_build, "run_variant", counted)
+    build_cache("mixed", 0, 4, variants=["tiny-random"], out=tmp_path, progress=False, max_new_tokens=2)
+    parts = parts_dir(tmp_path, "mixed", 0)
+    part = parts / "tiny-random.jsonl.gz"
+    debris = [parts / ".tiny-trunc1.jsonl.gz.x1.tmp", tmp_path / f".{cache_filename('mixed', 0)}.x2.tmp"]
+    for p in debris:  # what a writer killed mid-save leaves
+        p.write_bytes(b"\x1f\x8b half")
+    future = time.time() + 60  # as if a concurrent build of the same cache finished it after this one started
+    os.utime(part, (future, future))
+    build_cache("mixed", 0, 4, variants=["tiny-random"], out=tmp_path, progress=False, max_new_tokens=2, resume=False)
+    assert calls == ["tiny-random"]  # reused, not rebuilt
+    assert not any(p.exists() for p in debris) and zoo_build.lock_path(tmp_path, "mixed", 0).is_file()
+    os.utime(part, (1.0, 1.0))  # an earlier build's part: --no-resume rebuilds it
+    build_cache("mixed", 0, 4, variants=["tiny-random"], out=tmp_path, progress=False, max_new_tokens=2, resume=False)
+    assert calls == ["tiny-random", "tiny-random"]
+
+
 def test_self_consistency_costs_every_sample_and_pot_never_evals(tmp_path, monkeypatch):
     import builtins
 

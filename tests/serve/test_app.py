@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import torch
@@ -526,6 +527,139 @@ def test_cli_serve_refuses_a_bad_strategy_before_loading(capsys):
     assert main(["serve", "--model", "tiny-llama", "--strategy", "{nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("lmlab: error: --strategy must be a JSON object") and "\n" not in err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# a burst of concurrent valid and malformed requests
+
+
+def _malformed(model: str) -> list[tuple[str, bytes | dict, str, int, str]]:
+    """(path, body, content type, status, param) of requests the server must refuse in OpenAI's error shape."""
+    ok = {"model": model, "prompt": "hi", "max_tokens": 2}
+    return [
+        ("/completions", b'{"model": "m", "prompt": ', "application/json", 400, "body"),  # truncated JSON
+        ("/completions", b"\xff\xfe{}", "application/json", 400, "body"),  # not UTF-8
+        ("/completions", b"[1, 2]", "application/json", 400, "body"),  # not an object
+        ("/completions", b"", "application/json", 400, "body"),  # no body at all
+        ("/completions", json.dumps(ok).encode(), "text/plain", 400, "body"),  # not sent as JSON
+        ("/completions", {**ok, "max_tokens": "5"}, "application/json", 400, "max_tokens"),  # wrong type
+        ("/completions", {**ok, "prompt": 5}, "application/json", 400, "prompt"),
+        ("/completions", {**ok, "model": "nope"}, "application/json", 404, "model"),
+        ("/completions", {**ok, "max_tokens": -1}, "application/json", 400, "max_tokens"),
+        ("/completions", {**ok, "seed": 2**70, "temperature": 1.0}, "application/json", 400, "seed"),
+        ("/chat/completions", {"model": model, "messages": [{"role": "robot", "content": "hi"}]}, "application/json",
+         400, "messages.0.role"),
+        ("/chat/completions", {"model": model, "messages": "hi"}, "application/json", 400, "messages"),
+    ]  # fmt: skip
+
+
+def _burst(srv, client, model: str, answer, n_valid: int = 32) -> None:
+    """`n_valid` concurrent completions (some streamed; request ``i`` asks ``1 + i % 4`` tokens of its own prompt)
+    interleaved with every `_malformed` request (twice), clients that drop a stream or give up on a plain request,
+    and a tiny-temperature request; then checks that each valid one got exactly one answer, its own, and each
+    malformed one a 4xx in OpenAI's shape. `answer(prompt, max_tokens)` is the expected text."""
+    import random
+
+    prompts = [f"burst request {i:02d}" for i in range(n_valid)]
+
+    def valid(i: int) -> tuple[str, int, str, str, str, int]:
+        kw = {"model": model, "prompt": prompts[i], "max_tokens": 1 + i % 4, "temperature": 0}
+        if i % 4 == 3:  # streamed
+            with httpx.stream("POST", srv.base_url + "/completions", json={**kw, "stream": True}, timeout=60,
+                              headers={"X-Request-Id": f"burst-{i}"}) as r:  # fmt: skip
+                raw = r.read().decode()
+            events = [e[len("data: ") :] for e in raw.split("\n\n") if e.startswith("data: ")]
+            assert events[-1] == "[DONE]", raw
+            chunks = [json.loads(e) for e in events[:-1]]
+            (id_,) = {c["id"] for c in chunks}
+            return "valid", i, r.headers["x-request-id"], id_, "".join(c["choices"][0]["text"] for c in chunks), 200
+        got = client.completions.with_raw_response.create(**kw, extra_headers={"X-Request-Id": f"burst-{i}"})
+        body = got.parse()
+        assert len(body.choices) == 1 and body.usage.completion_tokens <= kw["max_tokens"]
+        return "valid", i, got.headers["x-request-id"], body.id, body.choices[0].text, got.status_code
+
+    def malformed(k: int) -> tuple[str, int, Any, int]:
+        path, body, ctype, _, _ = bad[k % len(bad)]
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        r = httpx.post(srv.base_url + path, content=content, timeout=60,
+                       headers={"content-type": ctype, "X-Request-Id": f"bad-{k}"})  # fmt: skip
+        return "bad", k, r, 0
+
+    def drop(k: int) -> tuple[str, int, None, None]:
+        body = {"model": model, "messages": [{"role": "user", "content": f"drop {k}"}], "max_tokens": 30,
+                "stream": True}  # fmt: skip
+        with httpx.Client(timeout=60) as http:
+            if k % 2:
+                with http.stream("POST", srv.base_url + "/chat/completions", json=body) as r:
+                    lines = r.iter_lines()
+                    assert next(lines).startswith("data: ")  # gone after the first chunk
+            else:  # a plain request whose client gives up
+                try:
+                    http.post(srv.base_url + "/completions", json={"model": model, "prompt": "x", "max_tokens": 30},
+                              timeout=0.05)  # fmt: skip
+                except httpx.TimeoutException:
+                    pass
+        return "drop", k, None, None
+
+    def tiny_temperature() -> tuple[str, str, str]:
+        kw = {"model": model, "prompt": prompts[0], "max_tokens": 4}
+        got = client.completions.create(**kw, temperature=1e-300)  # the limit of sampling: greedy
+        return "tiny-t", got.choices[0].text, answer(prompts[0], 4)
+
+    bad = _malformed(model)
+    calls = [lambda i=i: valid(i) for i in range(n_valid)]
+    calls += [lambda k=k: malformed(k) for k in range(2 * len(bad))]
+    calls += [lambda k=k: drop(k) for k in range(4)] + [tiny_temperature]
+    random.Random(0).shuffle(calls)
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda f: f(), calls))
+
+    answers = sorted((r for r in results if r[0] == "valid"), key=lambda r: r[1])
+    assert [r[1] for r in answers] == list(range(n_valid))  # every valid request answered, once
+    assert [r[2] for r in answers] == [f"burst-{i}" for i in range(n_valid)]  # each under its own request id
+    assert all(r[5] == 200 for r in answers)
+    assert len({r[3] for r in answers}) == n_valid and all(r[3].startswith("cmpl-") for r in answers)
+    assert [r[4] for r in answers] == [answer(prompts[i], 1 + i % 4) for i in range(n_valid)]  # its own answer
+    for _, k, r, _ in (r for r in results if r[0] == "bad"):
+        _, _, _, status, param = bad[k % len(bad)]
+        assert r.status_code == status, (bad[k % len(bad)], r.text)
+        assert set(r.json()) == {"error"} and set(r.json()["error"]) == {"message", "type", "param", "code"}
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["param"] == param, (bad[k % len(bad)], err)
+        assert err["message"] and "\n" not in err["message"] and r.headers["x-request-id"] == f"bad-{k}"
+    ((_, got, want),) = [r for r in results if r[0] == "tiny-t"]
+    assert got == want
+    assert _wait_idle(srv, 20)["active"] == 0  # the dropped clients' slots are free
+    after = client.completions.create(model=model, prompt=prompts[1], max_tokens=3, temperature=0)
+    assert after.choices[0].text == answer(prompts[1], 3)  # and the server still answers
+
+
+def test_burst_of_concurrent_valid_and_malformed_requests_fake(fake_server, fake_client, fake):
+    fake.delay = 0.005  # the dropped streams are still running when their clients go
+    _burst(fake_server, fake_client, "fake-model", lambda prompt, k: "x" * k)
+    tok = make_byte_tokenizer()
+    reqs = [h.request for h in fake.submitted]
+    assert len({r.request_id for r in reqs}) == len(reqs)  # no request submitted twice
+    sent = [tuple(encode_prompt(tok, f"burst request {i:02d}")) for i in range(32)]
+    got = [tuple(r.prompt_ids) for r in reqs]
+    # each valid prompt once; request 0's prompt also by the tiny-temperature one, request 1's by the one after
+    assert [got.count(p) for p in sent] == [2, 2] + [1] * 30
+    assert len(reqs) == 32 + 1 + 4 + 1  # nothing malformed reached the scheduler (+ 4 dropped, 1 after)
+
+
+def test_burst_of_concurrent_valid_and_malformed_requests_tiny_llama(server, client, tiny, sched):
+    _, tok = tiny
+    refs: dict[tuple[str, int], str] = {}
+
+    def answer(prompt: str, k: int) -> str:
+        if (prompt, k) not in refs:
+            refs[prompt, k] = _direct(sched, encode_prompt(tok, prompt), max_tokens=k, temperature=0).text
+        return refs[prompt, k]
+
+    for i in range(32):  # the references, computed before the burst
+        answer(f"burst request {i:02d}", 1 + i % 4)
+    answer("burst request 00", 4)
+    _burst(server, client, "tiny", answer)
 
 
 # ----------------------------------------------------------------------------------------------------------------

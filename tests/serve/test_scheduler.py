@@ -139,6 +139,7 @@ def test_hf_engine_gives_the_same_greedy_tokens(tiny, sched):
         ({"temperature": -0.5}, "temperature must be >= 0"),
         ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
         ({"prompt_ids": [5, 99999]}, "token id 99999 is outside the vocabulary"),
+        ({"seed": 2**70}, "seed must be in"),  # torch's generator would overflow inside the batch
     ],
 )
 def test_bad_requests_are_refused_with_the_value(tiny, sched, kwargs, message):
@@ -146,6 +147,32 @@ def test_bad_requests_are_refused_with_the_value(tiny, sched, kwargs, message):
     fields = {"prompt_ids": _ids(tok, "hi"), **kwargs}
     with pytest.raises(ValueError, match=message):
         sched.submit(GenRequest(**fields))
+
+
+def test_one_failing_request_does_not_fail_its_batch_companions(tiny, sched, monkeypatch):
+    """A request whose sampling goes wrong ends alone; before, the worker failed every running row with it."""
+    _, tok = tiny
+    victim = sched.submit(GenRequest(_ids(tok, PROMPTS[1]), max_tokens=200, temperature=0, request_id="victim"))
+    deadline = time.time() + 20
+    while sched.stats()["active"] == 0 and time.time() < deadline:
+        time.sleep(0.005)
+    # a temperature so small that logits / temperature overflows samples at its limit, greedy
+    tiny_t = sched.submit(GenRequest(_ids(tok, "hi"), max_tokens=6, temperature=1e-300, request_id="tiny-t"))
+    greedy = sched.submit(GenRequest(_ids(tok, "hi"), max_tokens=6, temperature=0))
+    assert tiny_t.result(30).error is None and tiny_t.result().text == greedy.result(30).text
+    # any other failure of one row (here a planted one) finishes that row with an error, alone
+    real_choose = sched._choose
+
+    def choose(row, logits):
+        if row.request.request_id == "boom" and row.tokens:
+            raise RuntimeError("planted")
+        return real_choose(row, logits)
+
+    monkeypatch.setattr(sched, "_choose", choose)
+    boom = sched.submit(GenRequest(_ids(tok, "hi"), max_tokens=20, temperature=0, request_id="boom"))
+    assert boom.result(30).error == "RuntimeError: planted" and boom.result().finish_reason == "error"
+    fin = victim.result(60)
+    assert fin.error is None and fin.finish_reason in ("length", "stop") and fin.n_completion_tokens > 6
 
 
 class _CharTok:

@@ -59,7 +59,7 @@ class CompletionRequest(_Request):
     presence_penalty: float | None = Field(0.0, ge=-2, le=2)
     n: int = Field(1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # OpenAI's int64; choice i gets seed + i
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     stream: bool = False
@@ -96,7 +96,7 @@ class ChatCompletionRequest(_Request):
     presence_penalty: float | None = Field(0.0, ge=-2, le=2)
     n: int = Field(1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # OpenAI's int64; choice i gets seed + i
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # needs logprobs=true (checked by the app)
     stream: bool = False

@@ -42,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Delta", "Finished", "GenRequest", "Handle", "Scheduler", "TextStream", "TokenInfo"]
 
+# the seeds a `torch.Generator` takes (negative ones wrap); choice i of a request is seeded seed + i
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
 
 @dataclass
 class GenRequest:
@@ -328,6 +331,8 @@ class Scheduler:
             )
         if request.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {request.temperature}")
+        if request.seed is not None and not SEED_MIN <= int(request.seed) <= SEED_MAX:
+            raise ValueError(f"seed must be in [{SEED_MIN}, {SEED_MAX}] (torch's 64-bit seeds), got {request.seed}")
         if not 0 < request.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {request.top_p}")
         for name in ("frequency_penalty", "presence_penalty"):
@@ -447,6 +452,8 @@ class Scheduler:
         if req.temperature == 0:
             return int(logits.argmax())
         probs = filter_logits(logits, temperature=req.temperature, top_p=req.top_p).softmax(-1)
+        if not bool(torch.isfinite(probs).all()):  # logits / a tiny temperature overflowed: its limit is greedy
+            return int(logits.argmax())
         return int(torch.multinomial(probs, 1, generator=row.generator))
 
     def _new_row(self, handle: Handle) -> _Row:
@@ -513,31 +520,43 @@ class Scheduler:
 
         joined = []
         for h in handles:
-            req, row = h.request, self._new_row(h)
-            if h.cancelled.is_set():
-                self._finish(row, reason="cancelled")
+            try:
+                one = self._admit_one(h)
+            except Exception as e:  # noqa: BLE001 - a request that fails to start fails alone, not the batch
+                logger.exception("request %s failed to start", h.request.request_id)
+                if h.finished is None:
+                    h._push(self._error(h, e))
                 continue
-            cache = self.fast.new_cache(1, len(req.prompt_ids) + req.max_tokens + 1)
-            tokens = torch.tensor([list(req.prompt_ids)], dtype=torch.long)
-            if req.echo_logprobs:
-                all_logits = self.fast.forward(tokens, cache, all_logits=True)[0]  # [L, vocab]
-                row.prompt_tokens = self._prompt_infos(req.prompt_ids, all_logits, req.logprobs)
-                logits = all_logits[-1]
-            else:
-                logits = self.fast.forward(tokens, cache)[0]  # [vocab]
-            if req.max_tokens == 0:
-                self._finish(row, reason="length")
-                continue
-            self._accept(row, self._choose(row, logits), logits)
-            if row.reason is not None:
-                self._finish(row)
-                continue
-            joined.append((row, cache))
+            if one is not None:
+                joined.append(one)
         if joined:
             parts = [(self._cache, range(len(self._rows)))] if self._rows else []
             cache = regroup(parts + [(c, [0]) for _, c in joined])
             with self._wake:
                 self._cache, self._rows = cache, self._rows + [r for r, _ in joined]
+
+    def _admit_one(self, h: Handle) -> tuple[_Row, Any] | None:
+        """Prefill one new request; ``(row, its cache)`` to join the batch, None when it has already finished."""
+        req, row = h.request, self._new_row(h)
+        if h.cancelled.is_set():
+            self._finish(row, reason="cancelled")
+            return None
+        cache = self.fast.new_cache(1, len(req.prompt_ids) + req.max_tokens + 1)
+        tokens = torch.tensor([list(req.prompt_ids)], dtype=torch.long)
+        if req.echo_logprobs:
+            all_logits = self.fast.forward(tokens, cache, all_logits=True)[0]  # [L, vocab]
+            row.prompt_tokens = self._prompt_infos(req.prompt_ids, all_logits, req.logprobs)
+            logits = all_logits[-1]
+        else:
+            logits = self.fast.forward(tokens, cache)[0]  # [vocab]
+        if req.max_tokens == 0:
+            self._finish(row, reason="length")
+            return None
+        self._accept(row, self._choose(row, logits), logits)
+        if row.reason is not None:
+            self._finish(row)
+            return None
+        return row, cache
 
     def _step(self) -> None:
         """One batched forward for every running row, then drop the rows that finished or were cancelled."""
@@ -554,12 +573,17 @@ class Scheduler:
         feed = torch.tensor([[r.last] for r in rows], dtype=torch.long)  # [B, 1]
         logits = self.fast.forward(feed, self._cache)  # [B, vocab]
         self._steps += 1
+        failed: dict[int, str] = {}
         for i, r in enumerate(rows):
-            self._accept(r, self._choose(r, logits[i]), logits[i])
-        done = [i for i, r in enumerate(rows) if r.reason is not None]
+            try:
+                self._accept(r, self._choose(r, logits[i]), logits[i])
+            except Exception as e:  # noqa: BLE001 - one row's sampler failing ends that row only
+                logger.exception("request %s failed", r.request.request_id)
+                failed[i] = f"{type(e).__name__}: {e}"
+        done = [i for i, r in enumerate(rows) if r.reason is not None or i in failed]
         if done:
             for i in done:
-                self._finish(rows[i])
+                self._finish(rows[i], error=failed.get(i))
             self._regroup([i for i in range(len(rows)) if i not in done])
 
     def _regroup(self, keep: Sequence[int]) -> None:

@@ -5,15 +5,23 @@ Build: `build_cache` runs the variants one after another; each variant's rows go
 final cache (every valid part in pool order) is saved atomically as ``<out>/<suite>-s<seed>.jsonl.gz``, where
 `lmlab.data.respcache.load_cache` finds it (default ``out``: `lmlab.data.respcache.user_dir`). A variant that fails
 is recorded in ``failed`` with a one-line reason, never fatal.
+
+Concurrent builds of the same (suite, seed) (two ``lmlab cache build`` runs, a grid of them) take an exclusive lock
+(``<out>/<suite>-s<seed>.lock``) around each variant's check-build-save and around the final merge: a variant one
+process built is reused by the other (which waited), and the merge always sees every finished part, so no process
+overwrites the cache with a merge that lacks the other's variants. Temporary files found under the lock belong to a
+writer that was killed and are removed.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lmlab.core.inference.models import file_lock
 from lmlab.data.respcache import ResponseCache, ResponseRow, cache_filename, user_dir
 from lmlab.data.respsuite import MC_OPTIONS, _task_defs, suite_queries
 from lmlab.zoo.run import BuildOptions, run_variant
@@ -27,6 +35,11 @@ logger = logging.getLogger(__name__)
 
 def parts_dir(out: str | Path, suite: str, seed: int) -> Path:
     return Path(out) / f"{suite}-s{int(seed)}.parts"
+
+
+def lock_path(out: str | Path, suite: str, seed: int) -> Path:
+    """The lock concurrent builders of (suite, seed) in `out` take around each variant and the merge."""
+    return Path(out) / f"{suite}-s{int(seed)}.lock"
 
 
 def _one_line(e: BaseException) -> str:
@@ -67,7 +80,8 @@ def build_cache(
         variants: ids of `VARIANTS`, `VariantSpec`s, a comma-separated string, or None (the default zoo).
         out (`str`, *optional*): folder of the cache (default `lmlab.data.respcache.user_dir`).
         resume (`bool`, defaults to `True`): reuse part files of earlier (possibly killed) builds whose suite, seed and
-            query ids match; `False` rebuilds every requested variant.
+            query ids match; `False` rebuilds every requested variant (except one a concurrent build of the same
+            cache finished since this one started).
         progress (`bool`): tqdm bars on stderr (off with ``LMLAB_NO_PROGRESS=1`` or when stderr is not a TTY).
         batch_size, max_new_tokens: the batched greedy pass (short answers).
         option_probs (`bool`): score the MC options of the continent task where cheap.
@@ -97,23 +111,49 @@ def build_cache(
         from tqdm import tqdm
 
         bar = tqdm(specs, desc=f"lmlab cache build {suite}/s{seed}", unit="variant")
+    lock = lock_path(out, suite, seed)
+    started = time.time()
     for spec in bar:
         path = parts / f"{spec.id}.jsonl.gz"
-        if resume and path.is_file():
-            part = _valid_part(path, suite, seed, qids)
-            if part is not None:
-                logger.info("variant %s: reusing %s", spec.id, path)
-                done[spec.id] = part
+        with file_lock(lock):  # a concurrent builder of this variant finishes first; then its part is reused
+            # without `resume`, a part a concurrent build wrote since this one started is fresh too
+            if path.is_file() and (resume or path.stat().st_mtime >= started):
+                part = _valid_part(path, suite, seed, qids)
+                if part is not None:
+                    logger.info("variant %s: reusing %s", spec.id, path)
+                    done[spec.id] = part
+                    continue
+            try:
+                rows, desc = run_variant(spec, queries, opts)
+            except Exception as e:  # noqa: BLE001 - a failing variant is recorded, never fatal
+                logger.warning("variant %s failed: %s", spec.id, _one_line(e))
+                failed[spec.id] = _one_line(e)
                 continue
-        try:
-            rows, desc = run_variant(spec, queries, opts)
-        except Exception as e:  # noqa: BLE001 - a failing variant is recorded, never fatal
-            logger.warning("variant %s failed: %s", spec.id, _one_line(e))
-            failed[spec.id] = _one_line(e)
-            continue
-        part = ResponseCache(suite=suite, seed=seed, rows=rows, variants={spec.id: desc})
-        part.save(path)
-        done[spec.id] = part
+            part = ResponseCache(suite=suite, seed=seed, rows=rows, variants={spec.id: desc})
+            part.save(path)
+            done[spec.id] = part
+    with file_lock(lock):  # the merge reads every finished part and writes the cache while no one else writes
+        return _merge(out, suite, seed, n, specs, qids, done, failed, max_new_tokens)
+
+
+def _merge(
+    out: Path,
+    suite: str,
+    seed: int,
+    n: int,
+    specs: list[VariantSpec],
+    qids: list[str],
+    done: dict[str, ResponseCache],
+    failed: dict[str, str],
+    max_new_tokens: int,
+) -> ResponseCache:
+    """The cache of every valid part of (suite, seed) in `out`, saved; called under the builders' lock."""
+    parts = parts_dir(out, suite, seed)
+    final = out / cache_filename(suite, seed)
+    # every writer holds the lock, so temporary files seen now were left by one that was killed
+    for stale in [*parts.glob(".*.tmp"), *out.glob(f".{final.name}.*.tmp")]:
+        logger.warning("removing %s, left by a response cache build that was interrupted", stale)
+        stale.unlink(missing_ok=True)
     # other variants built earlier into the same folder (e.g. a slice rebuilt with --variants) stay in the cache;
     # rows follow the zoo's own order, whichever slice was rebuilt last
     order = list(VARIANTS) + [s.id for s in specs]
@@ -126,7 +166,6 @@ def build_cache(
             part = _valid_part(path, suite, seed, qids)
             if part is not None:
                 done[vid] = part
-    final = out / cache_filename(suite, seed)
     if final.is_file():  # failures of variants not rebuilt this time stay on record
         try:
             old = ResponseCache.load(final)
@@ -186,4 +225,4 @@ def format_matrix(cache: ResponseCache) -> str:
     return "\n".join(out)
 
 
-__all__ = ["build_cache", "format_matrix", "parts_dir"]
+__all__ = ["build_cache", "format_matrix", "lock_path", "parts_dir"]

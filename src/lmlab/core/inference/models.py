@@ -196,7 +196,7 @@ def assemble_gemma3_gguf() -> Path:
     if target.exists() and target.stat().st_size == size and _file_sha256_memo(target) == expected:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.with_suffix(".lock")):
+    with file_lock(target.with_suffix(".lock")):
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
         h = hashlib.sha256()
         with open(tmp, "wb") as out:
@@ -216,7 +216,12 @@ def assemble_gemma3_gguf() -> Path:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive `fcntl.flock` on `path` (created if missing, never removed) for the ``with`` block.
+
+    Other processes taking the same lock wait; the kernel releases it when the holder exits or is killed, so a
+    dead holder never blocks the next one. Any on-disk cache that several processes may build at once can use it.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -544,7 +549,7 @@ def ensure_cached(name: str, source_sha256: str, build: Callable[[Path], None], 
     if str(folder) in _VERIFIED and (folder / MANIFEST).is_file():
         return folder
     try:
-        with _file_lock(folder.with_name(folder.name + ".lock")):
+        with file_lock(folder.with_name(folder.name + ".lock")):
             return _ensure_cached_locked(folder, name, source_sha256, build, source)
     except OSError as e:
         if isinstance(e, OutputError) or e.errno not in _WRITE_ERRNOS:
