@@ -1,6 +1,9 @@
-"""The generated docs (README method table, docs/paper_index.md) match the registry."""
+"""The generated docs (README method table and study block, docs/paper_index.md, docs/reproduction.md) are up to
+date with the registry and results/study."""
 
 from __future__ import annotations
+
+import pytest
 
 from lmlab import docs
 
@@ -44,3 +47,30 @@ def test_measured_block_is_replaced_in_place():
     assert once.index(docs.MEASURED_BEGIN) < once.index("## Deviations")
     twice = docs.readme_with_measured(once, docs.measured_block(_result(status="inconclusive")))
     assert twice.count(docs.MEASURED_BEGIN) == 1 and "inconclusive" in twice and "## Deviations" in twice
+
+
+def _full_git_history() -> bool:
+    """The stale markers come from `git log`: a checkout without git or with shallow history cannot recompute them."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        return False
+    cmd = ["git", "rev-parse", "--is-shallow-repository"]
+    out = subprocess.run(cmd, cwd=docs.ROOT, capture_output=True, text=True)
+    return out.returncode == 0 and out.stdout.strip() == "false"
+
+
+needs_git = pytest.mark.skipif(not _full_git_history(), reason="stale markers need the full git history")
+
+
+@needs_git
+def test_reproduction_page_is_up_to_date():
+    page = (docs.ROOT / "docs" / "reproduction.md").read_text()
+    assert page == docs.reproduction_md(), "run `python -m lmlab.docs` (results/study changed)"
+
+
+@needs_git
+def test_readme_study_block_is_up_to_date():
+    text = (docs.ROOT / "README.md").read_text()
+    assert docs.readme_with_study(text) == text, "run `python -m lmlab.docs` (results/study changed)"

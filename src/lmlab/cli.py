@@ -7,6 +7,8 @@
                  [--out DIR] [--no-plots] [--no-progress] [--dry-run] [-v|-q]
     lmlab reproduce [ID ... | --only ID ... | --area AREA | --all] [--quick] [--strict] [--resume] [--out DIR]
                     [--seeds 0 1 2] [--models M,M] [--executor local|ray] [--address ADDR] [--jobs N]
+                    [--export-study [DIR]]
+    lmlab reproduce --from results/study|RUN_DIR [--out DIR] [--export-study [DIR]]   (runs nothing)
     lmlab models [--check] [--json]
     lmlab data list | lmlab data show SUITE [--n 5] [--seed 0] [--split test]
     lmlab cache build [--suite mixed] [--seed 0] [--n 120] [--variants a,b] [--out DIR] [--no-resume]
@@ -213,6 +215,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
     preset = "quick" if args.quick else args.preset
     args.ids = list(args.ids) + list(args.only)
+    if args.from_dir is not None:
+        return _reproduce_from(args)
     if args.all and (args.ids or args.area):
         raise UsageError("--all cannot be combined with method ids or --area")
     if args.address and args.executor != "ray":
@@ -257,9 +261,44 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             print(line + (f"; skipped: {'; '.join(skipped)}" if skipped else ""))
     print(f"report: {(folder / 'report.html').resolve()}")
     print(summary_line(grid["counts"]))
+    if args.export_study:
+        from lmlab.study import export_cells
+
+        print(f"study: {len(export_cells(folder, args.export_study))} cells exported to {args.export_study}")
     if args.strict and any(e["status"] != "supported" for e in entries):
         return EXIT_ERROR
     return EXIT_ERROR if any(e["status"] == "error" for e in entries) else EXIT_OK
+
+
+def _reproduce_from(args: argparse.Namespace) -> int:
+    """`lmlab reproduce --from DIR`: the report of committed study cells (or a reproduce folder); nothing runs."""
+    import time
+    from pathlib import Path
+
+    from lmlab.grid import summary_line
+    from lmlab.study import export_cells, is_reproduce_folder, report_from
+
+    options = {"method ids": args.ids, "--area": args.area, "--all": args.all, "--resume": args.resume,
+               "--seeds": args.seeds, "--models": args.models}  # fmt: skip
+    given = [flag for flag, value in options.items() if value]
+    if given:
+        raise UsageError(f"--from reports cells already run; it cannot be combined with {', '.join(given)}")
+    if args.export_study:
+        if not is_reproduce_folder(args.from_dir):
+            raise UsageError(f"--export-study needs a reproduce folder; {args.from_dir!r} holds study cells")
+        n = len(export_cells(args.from_dir, args.export_study))
+        print(f"study: {n} cells exported to {args.export_study}")
+    out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    while not args.out and out.exists():
+        out = out.with_name(out.name + "x")
+    path, grid = report_from(args.from_dir, out)
+    for m in grid["methods"]:
+        errors = f", {m['n_errors']} errors" if m["n_errors"] else ""
+        verdict = m["verdict"].replace("_", " ")
+        print(f"{m['method']:>24}  {verdict:>14}  holds in {m['k_holds']} of {m['n_cells']} cells{errors}")
+    print(f"report: {path.resolve()}")
+    print(summary_line(grid["counts"]))
+    return EXIT_OK
 
 
 def _parse_models(text: str) -> list[str]:
@@ -376,8 +415,8 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from lmlab.version import __version__
     from lmlab.registry import AREAS
+    from lmlab.version import __version__
 
     parser = argparse.ArgumentParser(
         prog="lmlab",
@@ -466,6 +505,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="cells run at once (local: a process pool; ray with no --address: the local cluster's CPUs)",
     )
+    p.add_argument(
+        "--from",
+        dest="from_dir",
+        metavar="DIR",
+        help="run nothing: report the cells in DIR (results/study, or a reproduce folder) into --out or runs/<time>",
+    )
+    p.add_argument(
+        "--export-study",
+        nargs="?",
+        const="results/study",
+        metavar="DIR",
+        help="also write each finished cell as a small JSON under DIR (default results/study), to commit",
+    )
     p.set_defaults(func=cmd_reproduce, preset="default")
 
     p = sub.add_parser("models", help="list model aliases, installed and cached")
@@ -485,8 +537,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--kw", action="append", default=[], metavar="KEY=VALUE", help="suite keyword argument")
     d.set_defaults(func=cmd_data)
 
-    p = sub.add_parser("bench", help="speed benchmarks (decode: lmlab engines vs transformers vs llama.cpp)")
+    p = sub.add_parser("bench", help="speed benchmarks (suite: every registered row; decode; serve)")
     bsub = p.add_subparsers(dest="bench_command", metavar="BENCH")
+    b = bsub.add_parser("suite", help="core and method benchmark rows, baseline vs method interleaved, paired ratios")
+    b.add_argument("--only", nargs="+", metavar="ID", help="row ids or prefixes (e.g. core, core.matmul)")
+    b.add_argument("--rounds", type=int, help="timed rounds of every row (default: each row's own)")
+    b.add_argument("--model", default="smollm2-135m", help="the model of the model rows")
+    b.add_argument("--out", help="output folder (results.json and report.md; default runs/bench/<time>)")
+    b.add_argument("-v", "--verbose", action="count", default=0)
+    b.add_argument("-q", "--quiet", action="store_true")
+    b.set_defaults(func=cmd_bench_suite)
     b = bsub.add_parser("decode", help="interleaved decode/prefill speed, bandwidth floor and int4 exactness")
     b.add_argument("--model", default="smollm2-135m")
     b.add_argument("--candidates", nargs="+", default=None, metavar="NAME",
@@ -651,9 +711,21 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     return EXIT_OK if not report["problems"] else EXIT_ERROR
 
 
+def cmd_bench_suite(args: argparse.Namespace) -> int:
+    from lmlab.bench_suite import format_report, run_suite
+    from lmlab.runner import quiet_transformers
+
+    with quiet_transformers():
+        report = run_suite(args.only, rounds=args.rounds, out=args.out, model=args.model,
+                           log=lambda m: print(m, file=sys.stderr))  # fmt: skip
+    print(format_report(report))
+    print(f"wrote {report['folder']}/results.json")
+    return EXIT_ERROR if any("error" in r for r in report["rows"]) else EXIT_OK
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if getattr(args, "bench_command", None) != "decode":
-        raise UsageError("usage: lmlab bench decode|serve [...] (see lmlab bench decode --help)")
+        raise UsageError("usage: lmlab bench suite|decode|serve [...] (see lmlab bench suite --help)")
     import time
     from pathlib import Path
 

@@ -157,6 +157,8 @@ class BaseConfig:
         seed (`int`, defaults to 0): seeds python, numpy, torch and the data suites.
         device (`str`, defaults to ``"cpu"``): ``cpu``, ``cuda``, ``mps`` or ``auto``.
         dtype (`str`, defaults to ``"float32"``): ``float32`` or ``bfloat16``.
+        compute_dtype (`str`, defaults to ``"float32"``): ``float32`` or ``bfloat16``: the whole run under bf16
+            autocast on its device (fp32 weights, gradients and optimizer state; `lmlab.core.inference.precision`).
         threads (`int`, *optional*): torch threads (default: leave torch's setting).
         limit (`int`, *optional*): use only the first `limit` examples of each data split.
         batch_size (`int`, defaults to 8): batch size for scoring and batched generation.
@@ -168,6 +170,9 @@ class BaseConfig:
     seed: int = param(0, "seed for python, numpy, torch and data generation")
     device: str = param("cpu", "device", choices=("cpu", "cuda", "mps", "auto"))
     dtype: str = param("float32", "model dtype", choices=("float32", "bfloat16"))
+    compute_dtype: str = param(
+        "float32", "matmul precision of the run (bfloat16: autocast, fp32 weights)", choices=("float32", "bfloat16")
+    )
     threads: int | None = param(None, "torch threads (None: leave torch's default)")
     limit: int | None = param(None, "use only the first LIMIT examples of each split")
     batch_size: int = param(8, "batch size for scoring and batched generation")

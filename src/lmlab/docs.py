@@ -1,10 +1,12 @@
-"""Documentation generated from the registry and from runs: the README's method table, ``docs/paper_index.md``, and
-each method README's block of measured claim checks.
+"""Documentation generated from the registry and from runs: the README's method table, ``docs/paper_index.md``, the
+reproduction study (``docs/reproduction.md`` and the README's verdict block, from ``results/study``), and each method
+README's block of measured claim checks.
 
-``python -m lmlab.docs`` rewrites the first two; `tests/test_docs.py` fails when they are out of date, so the registry
-stays the single source of what the catalogue contains. ``python -m lmlab.docs --measured RUN_DIR`` rewrites the
-"Latest reproduction" block of every method README that has a run in RUN_DIR (a `lmlab reproduce` folder), so the
-checks a README shows are the ones a run computed, never retyped.
+``python -m lmlab.docs`` rewrites all but the last; `tests/test_docs.py` fails when they are out of date, so the
+registry and the committed study cells stay the single source of what the catalogue and the verdicts say.
+``python -m lmlab.docs --measured RUN_DIR`` rewrites the "Latest reproduction" block of every method README that has
+a run in RUN_DIR (a `lmlab reproduce` folder), so the checks a README shows are the ones a run computed, never
+retyped.
 """
 
 from __future__ import annotations
@@ -62,6 +64,118 @@ def readme_with_table(text: str) -> str:
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{BEGIN}\n{method_table()}\n{END}{tail}"
+
+
+STUDY_BEGIN = "<!-- BEGIN STUDY VERDICTS (generated from results/study by `python -m lmlab.docs`) -->"
+STUDY_END = "<!-- END STUDY VERDICTS -->"
+STUDY_DIR = "results/study"
+
+
+def _cells_verdict(m: dict[str, Any]) -> str:
+    """A method's verdict over its cells: "holds in 3 of 3 cells", "fragile: holds in 2 of 3 cells, 1 error"."""
+    label = m["verdict"].replace("_", " ")
+    errors = f", {m['n_errors']} error{'s' if m['n_errors'] != 1 else ''}" if m["n_errors"] else ""
+    if m["verdict"] == "error":
+        return f"errors: all {m['n_errors']} cells errored"
+    held = f"holds in {m['k_holds']} of {m['n_cells']} cells{errors}"
+    return held if m["verdict"] == "holds" else f"{label}: {held}"
+
+
+def _study(study_root: str | Path | None, repo_root: str | Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    from lmlab.study import load_study, method_staleness, stale_cells
+
+    study = load_study(ROOT / STUDY_DIR if study_root is None else study_root)
+    stale = method_staleness(study, stale_cells(study, ROOT if repo_root is None else repo_root))
+    return study, stale
+
+
+_STALE = {True: "stale", False: "", "unknown": "?"}
+
+
+def reproduction_md(study_root: str | Path | None = None, repo_root: str | Path | None = None) -> str:
+    """``docs/reproduction.md``: one row per method of the study (results/study), or a note that it is empty."""
+    import statistics
+
+    from lmlab.grid import RUN_STATUSES, aggregate_verdict, summary_line
+
+    study, stale = _study(study_root, repo_root)
+    parts = [
+        "# Reproduction study",
+        "",
+        f"Generated from `{STUDY_DIR}` by `python -m lmlab.docs`; do not edit by hand. Each cell is one run of a "
+        "method on one model and seed (`lmlab reproduce ... --export-study` writes it; "
+        f"`lmlab reproduce --from {STUDY_DIR}` renders the browser report from the committed cells without running "
+        "anything). A method's verdict over its cells: holds (every cell that ran holds), fragile (some hold, some "
+        "not), does not hold, inconclusive; errored cells do not vote and are counted apart.",
+        "",
+    ]
+    if not study["cells"]:
+        return "\n".join([*parts, f"No cells yet: `{STUDY_DIR}` is empty or absent.", ""])
+    cells = study["cells"]
+    by_method: dict[str, list[dict[str, Any]]] = {}
+    for c in cells:
+        by_method.setdefault(c["method"], []).append(c)
+    gemma = any("gemma3" in str(c["model"]) for c in cells)
+    parts += [
+        f"{summary_line(study['counts'])}. Presets: {', '.join(study['presets']) or '-'}; models: "
+        f"{', '.join(study['models'] or [])}; seeds: {', '.join(map(str, study['seeds']))}. "
+        "Stale: the method's folder has commits after the commit a cell recorded (`?`: that commit is unknown "
+        "here); rerun it before trusting the verdict.",
+        "",
+    ]
+    head = ["method", "area", "verdict over the cells", *(["Gemma-3"] if gemma else []), "median s per cell", "stale",
+            "cause"]  # fmt: skip
+    parts += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for m in study["methods"]:
+        group = by_method[m["method"]]
+        row = [f"`{m['method']}`", m["area"], _cells_verdict(m)]
+        if gemma:
+            g = [c for c in group if "gemma3" in str(c["model"])]
+            ran = [c["status"] for c in g if c["status"] in RUN_STATUSES]
+            row.append(
+                f"{aggregate_verdict(ran).replace('_', ' ')} ({ran.count('supported')} of "
+                f"{sum(s != 'error' for s in ran)})"
+                if ran
+                else "-"
+            )
+        times = [float(c["time_s"]) for c in group if isinstance(c.get("time_s"), int | float)]
+        row.append(f"{statistics.median(times):.0f}" if times else "-")
+        row.append(_STALE[stale.get(m["method"], "unknown")])
+        row.append(f"[README](../src/lmlab/methods/{m['area']}/{m['method']}/README.md)")
+        parts.append("| " + " | ".join(str(x).replace("|", "/") for x in row) + " |")
+    return "\n".join(parts) + "\n"
+
+
+def study_block(study_root: str | Path | None = None, repo_root: str | Path | None = None) -> str:
+    """The README's generated verdict block (between the study markers)."""
+    from lmlab.grid import summary_line
+
+    study, stale = _study(study_root, repo_root)
+    lines = [STUDY_BEGIN]
+    if not study["cells"]:
+        lines.append(f"Generated from `{STUDY_DIR}`: no cells yet (see [docs/reproduction.md](docs/reproduction.md)).")
+        return "\n".join([*lines, STUDY_END])
+    lines += [
+        f"Generated from `{STUDY_DIR}` ({summary_line(study['counts'])}); per method, with seconds per cell and "
+        "stale cells: [docs/reproduction.md](docs/reproduction.md).",
+        "",
+        "| method | verdict over the cells |",
+        "| --- | --- |",
+    ]
+    for m in study["methods"]:
+        mark = {True: " (stale)", "unknown": " (?)"}.get(stale.get(m["method"], "unknown"), "")
+        lines.append(f"| [`{m['method']}`](src/lmlab/methods/{m['area']}/{m['method']}/README.md) | "
+                     f"{_cells_verdict(m)}{mark} |")  # fmt: skip
+    return "\n".join([*lines, STUDY_END])
+
+
+def readme_with_study(text: str, block: str | None = None) -> str:
+    """`text` with the study block between its markers replaced by `block` (default: `study_block()`)."""
+    if STUDY_BEGIN not in text or STUDY_END not in text:
+        raise ValueError("README.md lacks the study-verdict markers")
+    head, rest = text.split(STUDY_BEGIN, 1)
+    _, tail = rest.split(STUDY_END, 1)
+    return f"{head}{study_block() if block is None else block}{tail}"
 
 
 MEASURED_BEGIN = "<!-- BEGIN MEASURED CHECKS (generated by `python -m lmlab.docs --measured RUN_DIR`) -->"
@@ -153,9 +267,10 @@ def main(argv: list[str] | None = None) -> int:
         print("updated: " + ", ".join(write_measured(argv[1])))
         return 0
     readme = ROOT / "README.md"
-    readme.write_text(readme_with_table(readme.read_text()))
+    readme.write_text(readme_with_study(readme_with_table(readme.read_text())))
     (ROOT / "docs").mkdir(exist_ok=True)
     (ROOT / "docs" / "paper_index.md").write_text(paper_index())
+    (ROOT / "docs" / "reproduction.md").write_text(reproduction_md())
     return 0
 
 

@@ -274,6 +274,8 @@ def run_method(
             `lmlab.core.inference.generation`); None keeps the process default (``fast`` where the model supports it).
     """
     from lmlab.core.inference import engine as engines
+    from lmlab.core.inference.models import parse_device
+    from lmlab.core.inference.precision import compute
     from lmlab.core.report.envinfo import env_info
     from lmlab.core.stats.seeding import set_seed, set_threads
     from lmlab.version import __version__
@@ -302,7 +304,8 @@ def run_method(
     t0 = time.perf_counter()
     error = None
     try:
-        result = spec.run_function()(cfg, ctx)
+        with compute(cfg.compute_dtype, device_type=parse_device(cfg.device).split(":")[0]):
+            result = spec.run_function()(cfg, ctx)
         if not isinstance(result, RunResult):
             raise TypeError(f"{spec.run} returned {type(result).__name__}, expected RunResult (use ctx.finish)")
     except Exception as e:  # a failed run is still a result: recorded, reported, never silently dropped
@@ -333,6 +336,7 @@ def run_method(
         "error": error,
         "lmlab_version": __version__,
         "engine": engine_used,
+        "compute_dtype": cfg.compute_dtype,
     }
     result.compute = ctx.meter.to_dict()
     env = env_info()
