@@ -9,25 +9,24 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
+from lmlab.methods.selection.cascade_routing.baselines import pareto_hull, route, threshold_cascade
 from lmlab.methods.selection.cascade_routing.config import CascadeRoutingConfig
+from lmlab.methods.selection.cascade_routing.estimators import (
+    ground_truth_noise_estimates,
+    logistic_fit,
+    pool_from_cache,
+)
 from lmlab.methods.selection.cascade_routing.method import (
     CascadeRouter,
     Estimates,
-    area_under_curve,
-    budget_sweep,
     execute_table,
     expected_max,
-    ground_truth_noise_estimates,
-    logistic_fit,
     next_model,
-    pareto_hull,
-    pool_from_cache,
-    route,
     sobol_normal,
     strategy_states,
-    threshold_cascade,
     tune_table,
 )
+from lmlab.methods.selection.cascade_routing.metric import area_under_curve, budget_sweep
 
 
 def _random_estimates(nq=12, v=4, seed=0, depth=None):

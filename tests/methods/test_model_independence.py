@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_model
-from lmlab.methods.analysis.model_independence import method as M
+from lmlab.methods.analysis import model_independence as M
 
 
 def _tiny(seed: int, **kw):

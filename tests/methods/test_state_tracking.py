@@ -12,7 +12,9 @@ import torch
 
 from lmlab import data
 from lmlab.data.permutations import compose
+from lmlab.methods.analysis.state_tracking import diagnostics as D
 from lmlab.methods.analysis.state_tracking import method as M
+from lmlab.methods.analysis.state_tracking import task as T
 from lmlab.methods.analysis.state_tracking.config import StateTrackingConfig
 
 
@@ -30,16 +32,16 @@ def _sign(perm):
 
 def test_apply_action_is_the_repository_rule_and_the_suite_composition_reversed():
     # permutation_task.py: new_perm = tuple(self.permutation[action[j]-1] for j in range(n))
-    assert M.apply_action((2, 1, 3), (3, 1, 2)) == (3, 2, 1)
+    assert T.apply_action((2, 1, 3), (3, 1, 2)) == (3, 2, 1)
     for s, a in itertools.product(itertools.permutations((1, 2, 3)), repeat=2):
-        assert M.apply_action(s, a) == tuple(compose([list(a), list(s)]))
+        assert T.apply_action(s, a) == tuple(compose([list(a), list(s)]))
     for p in itertools.permutations(range(1, 6)):
-        assert M.parity(p) == _sign(p)
+        assert T.parity(p) == _sign(p)
 
 
 @pytest.mark.parametrize("n", [3, 5])
 def test_the_table_is_a_group_and_parity_a_homomorphism(n):
-    g = M.perm_group(n)
+    g = T.perm_group(n)
     size = math.factorial(n)
     assert g.size == size and g.perms[0] == tuple(range(1, n + 1))
     assert torch.equal(g.table[0], torch.arange(size))  # identity state: the action itself
@@ -51,14 +53,14 @@ def test_the_table_is_a_group_and_parity_a_homomorphism(n):
 
 
 def test_rollout_matches_step_by_step_and_the_suite_answer():
-    g = M.perm_group(3)
+    g = T.perm_group(3)
     examples = data.load("permutations", 20, seed=0, split="test", n_elements=3, length=7)
-    st = M.stories_from_examples(examples, g)
+    st = T.stories_from_examples(examples, g)
     assert st.states.shape == (20, 8) and bool((st.states[:, 0] == 0).all())
     for i, e in enumerate(examples):
         state = (1, 2, 3)
         for k, p in enumerate(e.meta["perms"]):
-            state = M.apply_action(state, p)
+            state = T.apply_action(state, p)
             assert g.perms[int(st.states[i, k + 1])] == state
         # s_T = a_1 o ... o a_T = the suite's left-to-right composition of the reversed list
         assert list(g.perms[int(st.states[i, -1])]) == compose(e.meta["perms"][::-1])
@@ -67,7 +69,7 @@ def test_rollout_matches_step_by_step_and_the_suite_answer():
 
 
 def test_make_stories_is_seeded():
-    a, b, c = M.make_stories(3, 8, 5, 1), M.make_stories(3, 8, 5, 1), M.make_stories(3, 8, 5, 2)
+    a, b, c = T.make_stories(3, 8, 5, 1), T.make_stories(3, 8, 5, 1), T.make_stories(3, 8, 5, 2)
     assert torch.equal(a.actions, b.actions) and not torch.equal(a.actions, c.actions)
     assert a.text(0).count(" ") == 4 and len(a.text(0).split()[0]) == 3
 
@@ -79,7 +81,7 @@ def test_make_stories_is_seeded():
 def test_vocab_layout_and_saved_tracker_round_trip(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    v = M.TrackerVocab.default(3)
+    v = T.TrackerVocab.default(3)
     assert v.vocab_size == 4 + 6 + 6 + 2 and v.offset == 1
     ids = v.encode(torch.tensor([[0, 5]]))
     assert ids.tolist() == [[1, 4, 9]]
@@ -88,7 +90,7 @@ def test_vocab_layout_and_saved_tracker_round_trip(tmp_path):
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
     m.save_pretrained(tmp_path)
     back = AutoModelForCausalLM.from_pretrained(tmp_path)
-    assert M.TrackerVocab.of(back) == v
+    assert T.TrackerVocab.of(back) == v
 
 
 class _Oracle(torch.nn.Module):
@@ -102,7 +104,7 @@ class _Oracle(torch.nn.Module):
     def forward(self, input_ids, use_cache=False):
         aid = {t: i for i, t in enumerate(self.vocab.action_ids)}
         acts = torch.tensor([[aid[int(t)] for t in row[self.vocab.offset :]] for row in input_ids])
-        states = M.rollout(self.group, acts)[:, 1:]  # (N, T): the state after each action
+        states = T.rollout(self.group, acts)[:, 1:]  # (N, T): the state after each action
         states = torch.roll(states, self.shift, dims=1)
         logits = torch.full((*input_ids.shape, self.vocab.vocab_size), -10.0)
         logits[:, self.vocab.offset :].scatter_(-1, torch.tensor(self.vocab.state_ids)[states][..., None], 10.0)
@@ -110,8 +112,8 @@ class _Oracle(torch.nn.Module):
 
 
 def test_label_alignment_the_token_of_a_k_predicts_s_k():
-    g, v = M.perm_group(3), M.TrackerVocab.default(3)
-    st = M.make_stories(3, 64, 10, 0)
+    g, v = T.perm_group(3), T.TrackerVocab.default(3)
+    st = T.make_stories(3, 64, 10, 0)
     assert torch.allclose(M.state_accuracy(_Oracle(v, g), st, v), torch.ones(10))
     off_by_one = M.state_accuracy(_Oracle(v, g, shift=1), st, v)
     assert float(off_by_one[1:].mean()) < 0.4  # the classic bug: predicting s_{k-1} (or s_{k+1}) at a_k
@@ -121,10 +123,10 @@ def test_label_alignment_the_token_of_a_k_predicts_s_k():
 
 
 def test_training_aligns_labels_and_moves_every_parameter():
-    g = M.perm_group(3)
+    g = T.perm_group(3)
     m = M.make_tracker(3, n_layers=2, hidden=16, seed=0)
     before = {k: p.detach().clone() for k, p in m.named_parameters()}
-    val = M.make_stories(3, 64, 1, 5)
+    val = T.make_stories(3, 64, 1, 5)
     # length 1: s_1 = a_1, learnable only if the token of a_1 is supervised with s_1
     hist = M.train_tracker(m, g, steps=60, length=1, batch_size=32, lr=1e-2, seed=1, val=val, eval_every=20)
     assert hist.eval_acc[-1] == 1.0 and hist.steps_to_threshold is not None and hist.phases == [("state", 60)]
@@ -133,7 +135,7 @@ def test_training_aligns_labels_and_moves_every_parameter():
 
 
 def test_conditions_share_the_state_stream_and_add_their_phase_first():
-    g = M.perm_group(3)
+    g = T.perm_group(3)
     kw = dict(steps=3, length=3, batch_size=4, seed=7)
     a, b = M.make_tracker(3, n_layers=2, hidden=16, seed=1), M.make_tracker(3, n_layers=2, hidden=16, seed=1)
     M.train_tracker(a, g, condition="plain", **kw)
@@ -160,15 +162,15 @@ def test_topic_documents_follow_the_topic_model():
 
 
 def test_probe_grid_recovers_planted_parity_and_state_and_the_probe_index():
-    st = M.make_stories(3, 400, 4, 0)
+    st = T.make_stories(3, 400, 4, 0)
     n, t = len(st), st.length
     rng = torch.Generator().manual_seed(0)
     acts = 0.1 * torch.randn(3, n, t, 8, generator=rng)
     par = st.parities[:, 1:].float()  # (N, T)
     acts[1, :, :, 0] += 3 * (2 * par - 1)  # row 1: parity only
     acts[2, :, :, :6] += 3 * torch.nn.functional.one_hot(st.states[:, 1:], 6).float()  # row 2: the state
-    sp = M.probe_grid(None, st, "state", acts=acts)
-    pp = M.probe_grid(None, st, "parity", acts=acts)
+    sp = D.probe_grid(None, st, "state", acts=acts)
+    pp = D.probe_grid(None, st, "parity", acts=acts)
     assert sp.n_train == 200 and sp.n_test == 200 and sp.acc.shape == (3, 4)
     assert np.all(pp.acc[1:] > 0.97) and np.all(sp.acc[2] > 0.97)
     assert np.all(np.abs(pp.acc[0, 1:] - 0.5) < 0.1) and np.all(sp.acc[0, 1:] < 0.3)
@@ -183,10 +185,10 @@ def test_probe_grid_recovers_planted_parity_and_state_and_the_probe_index():
 
 
 def test_counterfactuals_control_parity():
-    st = M.make_stories(3, 200, 5, 0)
+    st = T.make_stories(3, 200, 5, 0)
     g = st.group
     for kind, want in (("same_parity", 0), ("diff_parity", 1)):
-        cf = M.counterfactual_actions(st, kind, position=1, seed=0)
+        cf = D.counterfactual_actions(st, kind, position=1, seed=0)
         assert bool((cf.actions[:, 0] != st.actions[:, 0]).all()) and torch.equal(cf.actions[:, 1:], st.actions[:, 1:])
         assert bool(((g.parity[cf.actions[:, 0]] + g.parity[st.actions[:, 0]]) % 2 == want).all())
         assert bool(((cf.parities[:, -1] + st.parities[:, -1]) % 2 == want).all())
@@ -194,8 +196,8 @@ def test_counterfactuals_control_parity():
 
 def test_patching_identities_on_any_model():
     m = M.make_tracker(3, n_layers=2, hidden=16, seed=0, init_std=0.5)  # peaked logits: answers differ
-    st = M.make_stories(3, 48, 4, 1)
-    grid = M.patch_grid(m, st, "diff_parity", seed=0, only_correct=False)
+    st = T.make_stories(3, 48, 4, 1)
+    grid = D.patch_grid(m, st, "diff_parity", seed=0, only_correct=False)
     assert grid.n_valid > 10 and grid.effect.shape == (3, 5)
     ok = ~np.isnan(grid.per_story[:, 0, 0])
     e = grid.per_story[ok]
@@ -206,13 +208,13 @@ def test_patching_identities_on_any_model():
     assert np.allclose(e[:, :, 0], 0.0)  # BOS never sees the substitution (causal attention)
     assert np.allclose(grid.full[ok], 1.0)
     assert np.allclose(e[:, -1, 1:-1], 0.0)  # after the last block only the last token's residual is read
-    deleted = M.patch_grid(m, st, "diff_parity", mode="delete", only_correct=False)
+    deleted = D.patch_grid(m, st, "diff_parity", mode="delete", only_correct=False)
     d = deleted.per_story[~np.isnan(deleted.per_story[:, 0, 0])]
     assert np.all((d >= 0) & (d <= 1)) and np.allclose(d[:, -1, -1], 1.0)
     # by default only pairs the model answers right on both sides count
-    cf = M.counterfactual_actions(st, "diff_parity", seed=0)
+    cf = D.counterfactual_actions(st, "diff_parity", seed=0)
     right = (M.predict_states(m, st)[:, -1] == st.states[:, -1]) & (M.predict_states(m, cf)[:, -1] == cf.states[:, -1])
-    assert M.patch_grid(m, st, "diff_parity", seed=0).n_valid == int(right.sum()) < grid.n_valid
+    assert D.patch_grid(m, st, "diff_parity", seed=0).n_valid == int(right.sum()) < grid.n_valid
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -225,7 +227,7 @@ def _curve(per_story, per_story_parity, g=6):
 
 
 def test_gen_index_closed_forms():
-    g = M.perm_group(3)
+    g = T.perm_group(3)
     rng = np.random.default_rng(0)
     n, t = 2000, 4
     true = rng.integers(0, 6, (n, t))
@@ -320,42 +322,42 @@ def test_bad_config_is_a_one_line_error(kw, match):
 
 
 def test_bad_inputs_are_one_line_errors():
-    g = M.perm_group(3)
+    g = T.perm_group(3)
     with pytest.raises(ValueError, match="n must be an int in 2..6"):
-        M.perm_group(1)
+        T.perm_group(1)
     with pytest.raises(ValueError, match="same length"):
-        M.apply_action((1, 2, 3), (1, 2))
+        T.apply_action((1, 2, 3), (1, 2))
     with pytest.raises(ValueError, match=r"\[1, 1, 2\] is not a permutation of 1..3"):
         g.index([1, 1, 2])
     with pytest.raises(ValueError, match="at least one example"):
-        M.stories_from_examples([], g)
-    st = M.make_stories(3, 4, 3, 0)
+        T.stories_from_examples([], g)
+    st = T.make_stories(3, 4, 3, 0)
     with pytest.raises(ValueError, match="target must be 'state' or 'parity'"):
-        M.probe_grid(None, st, "topic", acts=torch.zeros(2, 4, 3, 8))
+        D.probe_grid(None, st, "topic", acts=torch.zeros(2, 4, 3, 8))
     with pytest.raises(ValueError, match="prefix lengths must be in 1..3"):
-        M.probe_grid(None, st, acts=torch.zeros(2, 4, 3, 8), prefix_lengths=[4])
+        D.probe_grid(None, st, acts=torch.zeros(2, 4, 3, 8), prefix_lengths=[4])
     m = M.make_tracker(3, n_layers=2, hidden=16)
     with pytest.raises(ValueError, match="mode must be 'substitute' or 'delete'"):
-        M.patch_grid(m, st, mode="mean")
+        D.patch_grid(m, st, mode="mean")
     with pytest.raises(ValueError, match="counterfactual must be"):
-        M.counterfactual_actions(st, "random")
+        D.counterfactual_actions(st, "random")
     with pytest.raises(ValueError, match="condition must be one of"):
         M.train_tracker(m, g, condition="layerwise", steps=1)
     with pytest.raises(ValueError, match="needs token id 245 but the model's head has 18 rows"):
-        M.check_model(m, M.TrackerVocab.default(5))
+        T.check_model(m, T.TrackerVocab.default(5))
     with pytest.raises(ValueError, match="expected a Hugging Face causal LM"):
-        M.check_model(torch.nn.Linear(2, 2), M.TrackerVocab.default(3))
+        T.check_model(torch.nn.Linear(2, 2), T.TrackerVocab.default(3))
     from lmlab.core.inference.tiny import make_tiny_llama
 
     with pytest.raises(ValueError, match="no 'state_tracking' vocabulary"):
-        M.TrackerVocab.of(make_tiny_llama(0))
+        T.TrackerVocab.of(make_tiny_llama(0))
 
 
 def test_a_saved_tracker_is_analysed_without_training(tmp_path):
     from lmlab.runner import run_method
 
     m = M.make_tracker(3, n_layers=2, hidden=16, seed=0)
-    M.train_tracker(m, M.perm_group(3), steps=5, length=4, batch_size=8)
+    M.train_tracker(m, T.perm_group(3), steps=5, length=4, batch_size=8)
     m.save_pretrained(tmp_path / "tracker")
     result = run_method("state_tracking", preset="smoke", write=False, show_progress=False, raise_errors=True,
                         threads=1, tracker=str(tmp_path / "tracker"))  # fmt: skip

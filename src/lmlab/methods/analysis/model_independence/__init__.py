@@ -62,6 +62,9 @@ SPEC = register_method(
 __getattr__, _LAZY = lazy_exports(
     __name__,
     method="__all__",
+    baselines="__all__",
+    pvalues="__all__",
+    transforms="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

@@ -41,20 +41,20 @@ import torch
 
 from lmlab.core.report.plotting import lines, title_for
 from lmlab.core.stats.seeding import derive_seed
+from lmlab.methods.analysis.model_independence.baselines import csh_from_activations, csw_test, permtest
 from lmlab.methods.analysis.model_independence.method import (
     MLPActivations,
     PairedInputs,
-    csh_from_activations,
-    csw_test,
     encode_pair,
-    evenly_spaced,
-    keep_layers,
     localized_from_activations,
     match_from_activations,
     mlp_activations,
+)
+from lmlab.methods.analysis.model_independence.pvalues import neg_log10
+from lmlab.methods.analysis.model_independence.transforms import (
+    evenly_spaced,
+    keep_layers,
     n_blocks,
-    neg_log10,
-    permtest,
     permute_model,
     random_permutations,
     relative_blocks,

@@ -57,27 +57,19 @@ SPEC = register_method(
 # The algorithm imports torch; its names load on first use so that `lmlab list` stays torch-free.
 __getattr__, _LAZY = lazy_exports(
     __name__,
-    method=(
+    task=(
         "PermGroup",
         "Stories",
         "TrackerVocab",
         "apply_action",
-        "classify",
-        "counterfactual_actions",
-        "generalisation_curve",
         "make_stories",
-        "make_tracker",
-        "mechanism_score",
         "parity",
-        "patch_grid",
         "perm_group",
-        "probe_grid",
-        "residual_stream",
         "rollout",
         "stories_from_examples",
-        "topic_documents",
-        "train_tracker",
     ),
+    diagnostics=("counterfactual_actions", "patch_grid", "probe_grid", "residual_stream"),
+    method=("classify", "generalisation_curve", "make_tracker", "mechanism_score", "topic_documents", "train_tracker"),
     experiment=("diagnose",),
 )
 

@@ -8,7 +8,7 @@ Runs. For each group (S3, S5) and seed, one tiny llama per condition (``plain``:
 ``parity_cur``: parity labels first, then state supervision; optional ``topic``), trained from the same
 initialisation on the same state-phase stories (the seed is the independent unit and the cluster of the CIs).
 Stories come from the lmlab ``permutations`` suite (validation: dev split; test: test split), converted to the
-repository's update rule (`method.apply_action`). Per run, on test stories:
+repository's update rule (`task.apply_action`). Per run, on test stories:
 
 * convergence: state-phase steps until the validation accuracy (mean over prefix lengths 1..train_len) reaches
   `acc_threshold` (censored at the budget when never reached);
@@ -33,24 +33,24 @@ import numpy as np
 import torch
 
 from lmlab.core.stats.seeding import derive_seed
+from lmlab.methods.analysis.state_tracking.diagnostics import patch_grid, probe_grid, residual_stream
 from lmlab.methods.analysis.state_tracking.method import (
+    early_layers,
+    frontier,
+    generalisation_curve,
+    make_tracker,
+    mechanism_score,
+    steps_to_threshold,
+    train_tracker,
+)
+from lmlab.methods.analysis.state_tracking.task import (
     PermGroup,
     Stories,
     TrackerVocab,
     check_model,
-    early_layers,
-    frontier,
-    generalisation_curve,
     group_of,
-    make_tracker,
-    mechanism_score,
-    patch_grid,
     perm_group,
-    probe_grid,
-    residual_stream,
-    steps_to_threshold,
     stories_from_examples,
-    train_tracker,
 )
 from lmlab.results import Claim
 

@@ -52,6 +52,9 @@ SPEC = register_method(
 __getattr__, _LAZY = lazy_exports(
     __name__,
     method="__all__",
+    baselines="__all__",
+    estimators="__all__",
+    metric="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

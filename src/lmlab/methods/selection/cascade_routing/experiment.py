@@ -28,24 +28,23 @@ from typing import Any
 import numpy as np
 
 from lmlab.core.stats.seeding import derive_seed
+from lmlab.methods.selection.cascade_routing.baselines import pareto_hull, route, threshold_cascade
+from lmlab.methods.selection.cascade_routing.estimators import (
+    LogisticEstimator,
+    PoolData,
+    ground_truth_noise_estimates,
+    pool_from_cache,
+)
 from lmlab.methods.selection.cascade_routing.method import (
     CascadeRouter,
     Estimates,
-    LogisticEstimator,
-    PoolData,
-    area_under_curve,
-    budget_sweep,
     execute_table,
     expected_max,
-    ground_truth_noise_estimates,
-    pareto_hull,
-    pool_from_cache,
-    route,
     strategy_states,
-    threshold_cascade,
     tune,
     tune_table,
 )
+from lmlab.methods.selection.cascade_routing.metric import area_under_curve, budget_sweep
 from lmlab.results import Claim
 
 SYSTEMS = ("cascade_routing", "router", "optimal_cascade", "threshold_cascade", "linear")

@@ -1,16 +1,17 @@
-"""Cascade routing (Dekoninck, Baader, Vechev, ICML 2025): routing, the optimal cascade and cascade routing.
+"""Cascade routing (Dekoninck, Baader, Vechev, ICML 2025): the supermodel search, its λ tuning and the optimal cascade.
 
     step t, run set S:  M* = argmax_{M ⊇ S, |M| <= d}  E[max_{i in M} q_i] - λ_t · Σ_{i in M} ĉ_i,  q ~ N(q̂_S, Σ_S)
     stop if M* = S (answer: argmax_{i in S} q̂_S,i), else run the cheapest model of M* \\ S       (arXiv 2410.10347)
 
-* Routing (Sec. 3, proved optimal): one step from S = ∅ with ex-ante estimates, argmax_i q̂_i - λ ĉ_i.
+* Routing (Sec. 3, proved optimal): one step from S = ∅ with ex-ante estimates, argmax_i q̂_i - λ ĉ_i
+  (``baselines.route``).
 * Optimal cascade (Sec. 4): the same objective restricted to prefixes M = {0..j} of the cost-sorted pool
   (``cascade=True``); one λ per step.
 * Cascade routing (Sec. 5): every superset of the run set (``force_order``: new models after the last run one, so
   models run cheapest first), at most ``max_depth`` models, pruned by Lemma 1 (``do_speedup``: a supermodel whose
   last added model does not pay for itself, ΔE[max] - λ·c_last < 0, is neither kept nor expanded).
 * Threshold cascade (the baseline "thresholding"): continue past model j while q̂_j (post-hoc) < 1 - λ_j; the
-  answer is the last model's.
+  answer is the last model's (``baselines.threshold_cascade``).
 
 Supermodel quality E[max] is a Monte Carlo mean over 100 scrambled-Sobol normal samples (official
 ``statistics.compute_expected_max``); without uncertainty it is max q̂. λ per step is tuned on training queries to
@@ -20,14 +21,10 @@ max_λ, then bisection) and a per-step random search around it (the official TPE
 Exact budget matching randomises between the cheapest and the most expensive tie-optimal choice with probability
 γ = (B - cost_cheap) / (cost_expensive - cost_cheap) of the expensive one.
 
-Quality estimators (official ``classification.py`` / ``quality_computer.py``): one logistic regression per (model,
-run-subset) on ex-ante features (task one-hot: a per-task accuracy) plus post-hoc features of the run models
-(answer log-prob, answer agreement); Σ_S is the covariance over training queries of (q̂_S - q̂_all models run)
-(``fit_covariances``). `GroundTruthNoiseEstimator` is the RouterBench simulation: the true 0/1 quality plus
-N(0, σ_before²) (not run) or N(0, σ_after²) (run) noise, recalibrated by a linear regression per model.
-
-The metric (official ``utils.area_under_curve``): area under the (cost, quality) curve of a budget sweep between the
-cheapest and the most expensive single model, divided by that cost range, flat past the last point, x100.
+This file holds E[max], the one-query search, the vectorised engine (`Estimates`, `SearchTable`), the λ strategies
+and `CascadeRouter`. Next to it: ``baselines.py`` (the router, the threshold cascade and the Pareto hull of single
+models behind the linear baseline), ``estimators.py`` (the quality estimators that give q̂_S and Σ_S: logistic
+regressions and the RouterBench noise simulation) and ``metric.py`` (the area under the quality-cost curve).
 
 Everything here is numpy / scipy / scikit-learn on a [queries, models] table; no model is loaded.
 """
@@ -513,312 +510,20 @@ def tune_table(table: SearchTable, y: np.ndarray, cost: np.ndarray, budget: floa
     return tune(run_fn, n_lambdas, budget, **kw)
 
 
-def route(q_ex: np.ndarray, cost_hat: np.ndarray, lam: float, *, mode: str = "cheapest", gamma: float = 0.0,
-          rng: np.random.Generator | None = None, rounding: int = 6) -> np.ndarray:  # fmt: skip
-    """The router's model per query: argmax_i q̂_i - λ ĉ_i (ties: cheapest / expensive / γ-random); shape [Q]."""
-    score = np.round(q_ex - lam * cost_hat[None], rounding)
-    tied = score == score.max(axis=1, keepdims=True)
-    cheap = np.where(tied, cost_hat[None], np.inf).argmin(axis=1)
-    exp = np.where(tied, cost_hat[None], -np.inf).argmax(axis=1)
-    if mode == "cheapest":
-        return cheap
-    if mode == "expensive":
-        return exp
-    u = (rng or np.random.default_rng(0)).random(len(q_ex))
-    return np.where(u < gamma, exp, cheap)
-
-
-def threshold_cascade(q_post_last: np.ndarray, lambdas: Sequence[float]) -> np.ndarray:
-    """Index of the last model run per query: continue past model j while q̂_j < 1 - λ_j; shape [Q].
-
-    `q_post_last[:, j]` is model j's post-hoc quality estimate after running models 0..j.
-    """
-    nq, v = q_post_last.shape
-    last = np.full(nq, v - 1)
-    done = np.zeros(nq, bool)
-    for j in range(v - 1):
-        stop = ~done & (q_post_last[:, j] >= 1.0 - lambdas[j])
-        last[stop] = j
-        done |= stop
-    return last
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# quality estimators
-
-
-def _norm_answer(a: str) -> str:
-    return " ".join(str(a).strip().lower().split())
-
-
-@dataclass
-class PoolData:
-    """The [queries, models] view a strategy needs (models cost-sorted, cheapest first).
-
-    Attributes: ``y`` true quality [Q, V] in [0, 1]; ``cost`` true cost [Q, V]; ``logp`` answer log-prob [Q, V]
-    (NaN where unknown); ``task`` task index per query [Q]; ``answers`` normalised answer text [Q][V] ("" unknown).
-    """
-
-    models: list[str]
-    queries: list[str]
-    y: np.ndarray
-    cost: np.ndarray
-    logp: np.ndarray
-    task: np.ndarray
-    task_names: list[str]
-    answers: list[list[str]]
-
-    def subset(self, idx: Sequence[int]) -> PoolData:
-        idx = list(idx)
-        return PoolData(self.models, [self.queries[i] for i in idx], self.y[idx], self.cost[idx], self.logp[idx],
-                        self.task[idx], self.task_names, [self.answers[i] for i in idx])  # fmt: skip
-
-
-def pool_from_cache(cache, variants: Sequence[str] | None = None) -> PoolData:
-    """The pool view of a `ResponseCache`: complete queries only, models sorted by mean cost (cheapest first)."""
-    vids, qids, y = cache.matrix("correct", variants=variants)
-    _, _, cost = cache.matrix("cost_flops", variants=vids)
-    # answer_logprob may be unknown (NaN) for some variants: read it without dropping queries, align to `qids`
-    _, all_q, logp_all = cache.matrix("answer_logprob", variants=vids, complete=False)
-    col = {q: j for j, q in enumerate(all_q)}
-    logp = logp_all[:, [col[q] for q in qids]]
-    if len(vids) < 2:
-        raise ValueError(f"cascade routing needs >= 2 models in the pool, got {vids}")
-    order = np.argsort(cost.mean(axis=1), kind="stable")
-    vids = [vids[i] for i in order]
-    y, cost, logp = y[order].T, cost[order].T, logp[order].T  # [Q, V]
-    tasks = cache.tasks()
-    names = sorted({tasks[q] for q in qids})
-    tix = np.array([names.index(tasks[q]) for q in qids])
-    ans = {(r.variant, r.query_id): _norm_answer(r.answer) for r in cache.rows}
-    answers = [[ans.get((v, q), "") for v in vids] for q in qids]
-    return PoolData(vids, qids, y, cost, logp, tix, names, answers)
-
-
-def logistic_fit(x: np.ndarray, y: np.ndarray, c: float = 1.0, n_iter: int = 50) -> np.ndarray:
-    """L2 logistic regression by Newton's method, sklearn's objective (``LogisticRegression(C=c)``):
-    min_w  Σ_i log(1 + exp(-s_i w·[x_i, 1])) + ||w_{:-1}||² / (2c), the intercept unpenalised. Returns w [d + 1]."""
-    xb = np.concatenate([x, np.ones((len(x), 1))], axis=1)
-    d = xb.shape[1]
-    reg = np.full(d, 1.0 / c)
-    reg[-1] = 1e-8
-    w = np.zeros(d)
-    for _ in range(n_iter):
-        p = 1.0 / (1.0 + np.exp(-np.clip(xb @ w, -30, 30)))
-        grad = xb.T @ (p - y) + reg * w
-        hess = (xb * (p * (1 - p))[:, None]).T @ xb + np.diag(reg)
-        step = np.linalg.solve(hess, grad)
-        w -= step
-        if np.max(np.abs(step)) < 1e-8:
-            break
-    return w
-
-
-def _lr_fit_predict(x_fit: np.ndarray, y_fit: np.ndarray, x_all: np.ndarray, c: float) -> np.ndarray:
-    """P(correct) of a logistic regression (official: one per model and run-subset); a constant (Laplace-smoothed
-    mean) where the training labels have one class."""
-    yb = (y_fit >= 0.5).astype(float)
-    if len(np.unique(yb)) < 2:
-        return np.full(len(x_all), (yb.sum() + 1.0) / (len(yb) + 2.0))
-    w = logistic_fit(x_fit, yb, c)
-    z = np.concatenate([x_all, np.ones((len(x_all), 1))], axis=1) @ w
-    return 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30)))
-
-
-@dataclass
-class LogisticEstimator:
-    """Ex-ante + post-hoc quality estimates (official ``ClassificationQualityComputer``, features adapted).
-
-    Features of model m in run set S: the task one-hot (ex-ante); for every run model j in S its standardised
-    answer log-prob (post-hoc); for m in S with others run, the share of them giving m's answer (agreement).
-    One logistic regression per (m, S); Σ_S = cov over the fit queries of (q̂_S - q̂_all).
-    """
-
-    c: float = 1.0
-    posthoc: bool = True
-
-    def _features(self, pool: PoolData, m: int, s: tuple[int, ...], mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
-        nq = len(pool.queries)
-        cols = [np.eye(len(pool.task_names))[pool.task]]
-        if self.posthoc and s:
-            lp = pool.logp[:, list(s)]
-            lp = np.where(np.isnan(lp), mu[list(s)][None], lp)
-            cols.append((lp - mu[list(s)][None]) / sd[list(s)][None])
-            if m in s and len(s) > 1:
-                agree = np.zeros(nq)
-                for qi in range(nq):
-                    a = pool.answers[qi][m]
-                    if a:
-                        agree[qi] = np.mean([pool.answers[qi][j] == a for j in s if j != m])
-                cols.append(agree[:, None])
-        return np.concatenate(cols, axis=1)
-
-    def fit_predict(
-        self, fit: PoolData, pools: Sequence[PoolData], states: Sequence[tuple[int, ...]]
-    ) -> list[Estimates]:
-        """Fit on `fit`, return the estimates of each pool in `pools` at every run set in `states`."""
-        v = fit.y.shape[1]
-        full = tuple(range(v))
-        all_states = list(dict.fromkeys([*states, full]))
-        finite = np.where(np.isfinite(fit.logp), fit.logp, np.nan)
-        with warnings.catch_warnings():  # a variant without log-probs: an all-NaN column, handled below
-            warnings.simplefilter("ignore", RuntimeWarning)
-            mu, sd = np.nanmean(finite, axis=0), np.nanstd(finite, axis=0)
-        mu = np.where(np.isnan(mu), 0.0, mu)
-        sd = np.where(~np.isfinite(sd) | (sd < 1e-6), 1.0, sd)
-        targets = [fit, *pools]
-        q = [{s: np.zeros((len(p.queries), v)) for s in all_states} for p in targets]
-        for s in all_states:
-            for m in range(v):
-                xs = [np.nan_to_num(self._features(p, m, s, mu, sd)) for p in targets]
-                cat = np.concatenate(xs)
-                pred = _lr_fit_predict(xs[0], fit.y[:, m], cat, self.c)
-                off = 0
-                for t, x in enumerate(xs):
-                    q[t][s][:, m] = pred[off : off + len(x)]
-                    off += len(x)
-        sig = {}
-        for s in all_states:
-            diff = q[0][s] - q[0][full]
-            sig[s] = np.cov(diff.T) if diff.shape[0] > 1 else np.zeros((v, v))
-            sig[s] = np.nan_to_num(np.atleast_2d(sig[s]))
-        return [Estimates(list(all_states), q[t + 1], dict(sig)) for t in range(len(pools))]
-
-
-def ground_truth_noise_estimates(
-    y: np.ndarray, states: Sequence[tuple[int, ...]], sigma_before: float, sigma_after: float, seed: int = 0
-) -> Estimates:
-    """RouterBench simulation (official ``GroundTruthQualityComputer``): true quality + N(0, σ²) noise (σ_before
-    for models not run, σ_after for run ones), each recalibrated onto the truth by a linear regression per model;
-    Σ_S = diag(σ_m² for models not run, 1e-6 for run ones), σ_m = std(before - after)."""
-    if sigma_before < 0 or sigma_after < 0:
-        raise ValueError(f"noise levels must be >= 0, got sigma_before={sigma_before}, sigma_after={sigma_after}")
-    rng = np.random.default_rng(seed)
-    nq, v = y.shape
-    cal = np.zeros((2, nq, v))
-    for k, s in enumerate((sigma_before, sigma_after)):
-        noisy = y + rng.normal(0.0, s, size=y.shape) if s > 0 else y.astype(float).copy()
-        for m in range(v):
-            x = noisy[:, m]
-            vx = np.var(x)
-            slope = (np.mean((x - x.mean()) * (y[:, m] - y[:, m].mean())) / vx) if vx > 0 else 0.0
-            cal[k, :, m] = y[:, m].mean() + slope * (x - x.mean())
-    sig_m = np.std(cal[0] - cal[1], axis=0)
-    q_hat, sigma = {}, {}
-    for s in states:
-        run = np.zeros(v, bool)
-        run[list(s)] = True
-        q_hat[s] = np.where(run[None], cal[1], cal[0])
-        sigma[s] = np.diag(np.where(run, 1e-6, sig_m**2))
-    return Estimates(list(states), q_hat, sigma)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# the metric
-
-
-def pareto_hull(costs: Sequence[float], qualities: Sequence[float]) -> tuple[list[float], list[float]]:
-    """Single models that are not dominated nor below the chord of two others (official
-    ``remove_redundant_models``), sorted by cost: the "linear" interpolation baseline."""
-    pts = sorted(zip(map(float, costs), map(float, qualities)))
-    hull: list[tuple[float, float]] = []
-    for c, q in pts:
-        if hull and q <= hull[-1][1]:
-            continue  # dominated: costs more, no better
-        while len(hull) >= 2:
-            (c1, q1), (c2, q2) = hull[-2], hull[-1]
-            if c == c1 or (q2 - q1) * (c - c1) <= (q - q1) * (c2 - c1):  # hull[-1] at or below the chord
-                hull.pop()
-            else:
-                break
-        if hull and c == hull[-1][0]:
-            hull.pop()
-        hull.append((c, q))
-    return [p[0] for p in hull], [p[1] for p in hull]
-
-
-def area_under_curve(costs: Sequence[float], qualities: Sequence[float], cost_min: float, cost_max: float,
-                     quality_floor: float) -> float:  # fmt: skip
-    """Normalised area under the quality-cost curve on [cost_min, cost_max] (official ``area_under_curve``):
-    linear between points, flat at the last quality past the last point, `quality_floor` before the first."""
-    if not cost_max > cost_min:
-        raise ValueError(f"cost_max must be > cost_min, got {cost_min}, {cost_max}")
-    if len(costs) == 0 or len(costs) != len(qualities):
-        raise ValueError(
-            f"costs and qualities must be non-empty and of equal length, got {len(costs)}, {len(qualities)}"
-        )
-    pts = np.unique(np.stack([np.asarray(costs, float), np.asarray(qualities, float)], axis=1), axis=0)
-    x, y = pts[:, 0], pts[:, 1]
-    order = np.argsort(x, kind="stable")
-    x, y = x[order], y[order]
-
-    def interp(t: float) -> float:
-        if len(x) == 1:
-            return float(y[0])
-        if t <= x[0]:
-            j = 1
-        elif t >= x[-1]:
-            j = len(x) - 1
-        else:
-            j = int(np.searchsorted(x, t))
-        x0, x1, y0, y1 = x[j - 1], x[j], y[j - 1], y[j]
-        return float(y0 + (y1 - y0) * (t - x0) / (x1 - x0)) if x1 != x0 else float(y1)
-
-    xs, ys = list(x), list(y)
-    if xs[-1] < cost_max:
-        xs.append(cost_max)
-        ys.append(ys[-1])
-    if xs[0] > cost_min:
-        xs.append(cost_min)
-        ys.append(quality_floor)
-    if cost_min not in xs:
-        xs.append(cost_min)
-        ys.append(interp(cost_min))
-    if cost_max not in xs:
-        xs.append(cost_max)
-        ys.append(interp(cost_max))
-    o = np.argsort(xs, kind="stable")
-    xa, ya = np.asarray(xs)[o], np.asarray(ys)[o]
-    keep = (xa >= cost_min) & (xa <= cost_max)
-    xa, ya = xa[keep], ya[keep]
-    area = float(np.sum((xa[1:] - xa[:-1]) * (ya[1:] + ya[:-1]) / 2.0))
-    return area / (cost_max - cost_min)
-
-
-def budget_sweep(
-    single_costs: Sequence[float], single_qualities: Sequence[float], per_interval: int = 5
-) -> np.ndarray:
-    """Budgets: `per_interval` points on each interval between consecutive hull models' costs (official)."""
-    hc, _ = pareto_hull(single_costs, single_qualities)
-    if len(hc) < 2:
-        return np.array([float(min(single_costs)), float(max(single_costs))])
-    return np.concatenate([np.linspace(hc[i], hc[i + 1], per_interval) for i in range(len(hc) - 1)])
-
-
 __all__ = [
     "CascadeRouter",
     "Estimates",
-    "LogisticEstimator",
-    "PoolData",
     "SearchTable",
     "Tuned",
-    "area_under_curve",
-    "budget_sweep",
     "build_table",
     "constant_strategy",
     "execute_table",
     "expected_max",
-    "ground_truth_noise_estimates",
-    "logistic_fit",
     "next_model",
-    "pareto_hull",
-    "pool_from_cache",
     "random_search_strategy",
-    "route",
     "sobol_normal",
     "strategy_states",
     "supermodel_candidates",
-    "threshold_cascade",
     "tune",
     "tune_table",
 ]
