@@ -180,7 +180,15 @@ def test_backoff_zero_keeps_everything_and_self_improvement_asks_no_one():
     )
     assert cur.kept.all()
     selfc = curate(x, ai, None, strategy="self", iterations=2, per_iteration=15, groups=groups, l2=0.01)
-    assert [h.flipped for h in selfc.history] == [15, 15]  # every "correction" is a flip of its own label
+    # self-improvement asks about the same low-margin tail as RLTHF (its first query depends only on the AI labels)
+    # and differs only in who answers: it flips its own label there, and nowhere else
+    assert selfc.history[0].queried == cur.history[0].queried
+    queried = [i for h in selfc.history for i in h.queried]
+    assert len(set(queried)) == len(queried) == 30  # a pair is never asked about twice
+    asked = np.zeros(len(ai), dtype=bool)
+    asked[queried] = True
+    np.testing.assert_array_equal(selfc.labels[asked], 1 - ai[asked])
+    np.testing.assert_array_equal(selfc.labels[~asked], ai[~asked])
     again = curate(x, ai, None, strategy="self", iterations=2, per_iteration=15, groups=groups, l2=0.01)
     np.testing.assert_array_equal(again.labels, selfc.labels)  # deterministic per seed
 
