@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import ast
 import math
-import operator
 import re
-from collections.abc import Callable
-from typing import Any
 
+from lmlab.core.execution.tools import ARITHMETIC_BIN_OPS, ARITHMETIC_UNARY_OPS
 from lmlab.data.respsuite import Query
 
 
@@ -39,18 +37,6 @@ def answer_key(q: Query, text: str) -> str | None:
     return words[-1] if words else None
 
 
-_BINOPS: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-}
-_UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-
-
 def safe_eval(expr: str, *, max_abs: float = 1e12, max_len: int = 200) -> float:
     """The value of an arithmetic expression (numbers, + - * / // % **, unary +/-, parentheses), by walking its AST.
 
@@ -69,15 +55,15 @@ def safe_eval(expr: str, *, max_abs: float = 1e12, max_len: int = 200) -> float:
             return walk(node.body)
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
             return node.value
-        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-            return _UNARY[type(node.op)](walk(node.operand))
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        if isinstance(node, ast.UnaryOp) and type(node.op) in ARITHMETIC_UNARY_OPS:
+            return ARITHMETIC_UNARY_OPS[type(node.op)](walk(node.operand))
+        if isinstance(node, ast.BinOp) and type(node.op) in ARITHMETIC_BIN_OPS:
             a, b = walk(node.left), walk(node.right)
             if isinstance(node.op, ast.Pow) and (abs(b) > 12 or abs(a) > 1e6):
                 raise ValueError(f"exponent too large in {expr!r}")
             if isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod) and b == 0:
                 raise ValueError(f"division by zero in {expr!r}")
-            v = _BINOPS[type(node.op)](a, b)
+            v = ARITHMETIC_BIN_OPS[type(node.op)](a, b)
             if isinstance(v, complex) or not math.isfinite(v) or abs(v) > max_abs:
                 raise ValueError(f"value out of range in {expr!r}")
             return v

@@ -99,7 +99,8 @@ class Tool:
 # ----------------------------------------------------------------------------------------------------------------
 # calculator
 
-_BIN_OPS: dict[type, Any] = {
+# the arithmetic a calculator allows (also the zoo's program-of-thought evaluator): AST operator type -> function
+ARITHMETIC_BIN_OPS: dict[type, Any] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
@@ -108,7 +109,7 @@ _BIN_OPS: dict[type, Any] = {
     ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
-_UNARY_OPS: dict[type, Any] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+ARITHMETIC_UNARY_OPS: dict[type, Any] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _NODE_NAMES = {ast.Name: "a name", ast.Call: "a call", ast.Attribute: "an attribute", ast.Subscript: "a subscript",
                ast.Compare: "a comparison", ast.BoolOp: "a boolean operator", ast.Lambda: "a lambda",
                ast.IfExp: "a conditional", ast.JoinedStr: "an f-string"}  # fmt: skip
@@ -149,10 +150,10 @@ class Calculator(Tool):
 
     def _check_node(self, node: ast.AST, expr: str) -> None:
         if isinstance(node, ast.Expression | ast.operator | ast.unaryop):
-            if isinstance(node, ast.operator) and type(node) not in _BIN_OPS:
+            if isinstance(node, ast.operator) and type(node) not in ARITHMETIC_BIN_OPS:
                 raise ToolError(f"calculator: the operator {type(node).__name__} is not allowed in {shorten(expr)!r}; "
                                 "expected + - * / // % **")  # fmt: skip
-            if isinstance(node, ast.unaryop) and type(node) not in _UNARY_OPS:
+            if isinstance(node, ast.unaryop) and type(node) not in ARITHMETIC_UNARY_OPS:
                 raise ToolError(f"calculator: the operator {type(node).__name__} is not allowed in {shorten(expr)!r}")
             return
         if isinstance(node, ast.BinOp | ast.UnaryOp):
@@ -178,7 +179,7 @@ class Calculator(Tool):
         if isinstance(node, ast.Constant):
             return self._bound(node.value, expr)
         if isinstance(node, ast.UnaryOp):
-            return _UNARY_OPS[type(node.op)](self._eval(node.operand, expr))
+            return ARITHMETIC_UNARY_OPS[type(node.op)](self._eval(node.operand, expr))
         assert isinstance(node, ast.BinOp)
         a, b = self._eval(node.left, expr), self._eval(node.right, expr)
         if isinstance(node.op, ast.Pow):
@@ -191,7 +192,7 @@ class Calculator(Tool):
         if isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod) and b == 0:
             raise ToolError(f"calculator: division by zero in {shorten(expr)!r}")
         try:
-            v = _BIN_OPS[type(node.op)](a, b)
+            v = ARITHMETIC_BIN_OPS[type(node.op)](a, b)
         except (OverflowError, ValueError, ZeroDivisionError) as e:
             raise ToolError(f"calculator: {shorten(expr)!r} cannot be evaluated ({e})") from None
         if isinstance(v, complex):
@@ -270,6 +271,8 @@ class ToolBox:
 
 
 __all__ = [
+    "ARITHMETIC_BIN_OPS",
+    "ARITHMETIC_UNARY_OPS",
     "CALL_RE",
     "Calculator",
     "Tool",
