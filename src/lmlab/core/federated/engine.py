@@ -12,9 +12,12 @@ A federated method (`FedMethod`) is two plain functions and no engine code:
   lives in the method object on the server side only.
 
 A `Payload` is plain named tensors plus scalar metrics. One codec maps it to the wire: in-process it is a copy
-through numpy (`wire_payload`), on Flower an ``ArrayRecord`` plus a ``MetricRecord`` (`payload_to_record`,
-`record_to_payload`). Communication is counted on the payload the server receives, so both engines count the same
-numbers: `payload_floats` (floating-point entries of the arrays: the "floats uploaded") and `payload_bytes` (every
+through numpy (`wire_payload`), on Flower a reply ``RecordDict`` with the record names Flower's built-in strategies
+read: the arrays as the ``ArrayRecord`` "arrays", the metrics as the ``MetricRecord`` "metrics", whose
+``num_examples`` travels under Flower's weighting key "num-examples" (`payload_to_record`, `record_to_payload`). The
+train messages carry "arrays" (the global state) and "config" (the round config, with Flower's "server-round"), as
+Flower's strategies send them. Communication is counted on the payload the server receives, so both engines count the
+same numbers: `payload_floats` (floating-point entries of the arrays: the "floats uploaded") and `payload_bytes` (every
 array's raw bytes plus 8 bytes per scalar metric).
 
 Engines:
@@ -28,9 +31,17 @@ Engines:
    `sample_clients`, ``aggregate_train`` sorts the replies by client id and calls ``server_aggregate``). The app
    bundle for ``flwr run`` is the folder `FLOWER_APP_DIR`; `LocalGrid` runs the apps in this process (tests).
 
-What a deployment needs: both sides build the same `FedSetup` from the run config (``setup = "module:function"``,
-called with the run config; `build_setup`): the method, the clients' data, the initial trainable state, the server's
-evaluation. Each ``ClientApp`` loads the base model itself.
+Flower's own ``flwr.serverapp.strategy.FedAvg`` / ``FedProx`` can drive lmlab's ClientApp too, for `FedAvg` /
+`FedProx` with ``upload="model"`` (the client uploads its local model, which Flower's strategies average, weighted by
+"num-examples"): with ``equal_weight=False`` and η_s = 1 that is lmlab's server rule (tested against Flower's
+aggregation, one round and two rounds driven by Flower's strategies). The client reads the round from Flower's
+"server-round" and FedProx's μ from Flower's "proximal-mu" when the config has them.
+
+What a deployment needs: both sides build a `FedSetup` from the run config (``setup = "module:function"``, called
+with the run config; `build_setup`): the method, the clients' data, the initial trainable state, the server's
+evaluation. Each ``ClientApp`` loads the base model itself. The server needs only the client ids: a run config's
+``server-setup`` (another ``"module:function"``; `build_server_setup`) may build the ServerApp's setup with
+``clients={}`` and ``client_ids=[...]``, so no party but a client's own node needs that client's data.
 
 Baseline here: `FedAvg` (McMahan et al. 2017): local SGD, upload Δ = w_global - w_local, server
 ``w <- w - η_s Σ_i p_i Δ_i`` (η_s = 1: the average of the client models).
@@ -256,24 +267,45 @@ def client_weights(payloads: Sequence[Payload], equal: bool = True) -> list[floa
     return [x / sum(n) for x in n]
 
 
+# what a FedAvg / FedProx client uploads: its update Δ_i = w - w_i, or its local model w_i (Flower's convention)
+UPLOADS = ("delta", "model")
+
+
 class FedAvg(FedMethod):
     """FedAvg: local SGD, upload the full Δ (d floats), server ``w <- w - η_s Σ p_i Δ_i`` (η_s = 1: model average).
 
-    Hyperparameters: ``lr``, ``local_steps``, ``local_batch``, ``server_lr`` (1.0), ``equal_weight`` (True).
+    Hyperparameters: ``lr``, ``local_steps``, ``local_batch``, ``server_lr`` (1.0), ``equal_weight`` (True),
+    ``upload`` (``delta``: Δ_i; ``model``: the local model w_i, d floats as well, from which the server takes
+    Δ_i = w - w_i. Flower's built-in FedAvg / FedProx average what clients upload, so ``model`` is what lets them drive
+    this client; with ``equal_weight=False`` and η_s = 1 their average Σ p_i w_i is this server's result).
     """
 
     name = "fedavg"
 
+    def __init__(self, **hparams: Any) -> None:
+        if hparams.get("upload", "delta") not in UPLOADS:
+            raise ValueError(f"upload must be one of {', '.join(UPLOADS)}, got {hparams['upload']!r}")
+        super().__init__(**hparams)
+
     def client_update(self, global_state, client, cfg, *, client_id, round_idx):  # noqa: D102 - see the class
         delta, losses = first_order_delta(global_state, client, cfg, client_id=client_id, round_idx=round_idx)
+        return self._payload(global_state, delta, losses, client, cfg)
+
+    @staticmethod
+    def _payload(global_state, delta, losses, client, cfg) -> Payload:
+        """Δ or w_i = w - Δ (``cfg["upload"]``), the mean step loss and the client's example count."""
+        if cfg.get("upload", "delta") == "model":
+            delta = OrderedDict((k, global_state[k].to(d.dtype) - d) for k, d in delta.items())
         return Payload(dict(delta), {"train_loss": float(np.mean(losses)), "num_examples": float(len(client.rows))})
 
     def server_aggregate(self, global_state, payloads, cfg, *, round_idx):  # noqa: D102
         w = client_weights(payloads, bool(cfg.get("equal_weight", True)))
         eta = float(cfg.get("server_lr", 1.0))
+        model = cfg.get("upload", "delta") == "model"
         new = OrderedDict()
         for k, v in global_state.items():
-            agg = sum(wi * p.arrays[k].to(v.dtype) for wi, p in zip(w, payloads))
+            deltas = [v - p.arrays[k].to(v.dtype) if model else p.arrays[k].to(v.dtype) for p in payloads]
+            agg = sum(wi * d for wi, d in zip(w, deltas))
             new[k] = v - eta * agg
         return new, {"train_loss": float(np.mean([p.metrics.get("train_loss", math.nan) for p in payloads]))}
 
@@ -323,7 +355,12 @@ class FedHistory:
 
 @dataclass
 class FedSetup:
-    """Everything both engines build from one run config: method, clients, initial state, server evaluation."""
+    """Everything both engines build from one run config: method, clients, initial state, server evaluation.
+
+    `client_ids` (default: the keys of `clients`) are the run's clients. The server samples from them and needs no
+    client data, so a ServerApp's setup may give ``clients={}`` with the ids; a ClientApp's setup needs the data of
+    the clients its node serves; `simulate` needs every client's.
+    """
 
     method: FedMethod
     clients: dict[int, ClientData]
@@ -332,11 +369,25 @@ class FedSetup:
     per_round: int
     seed: int
     evaluate: Callable[[Mapping[str, torch.Tensor]], dict[str, float]] | None = None
+    client_ids: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        ids = sorted(self.clients) if self.client_ids is None else sorted(int(c) for c in self.client_ids)
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"client_ids must be distinct, got {self.client_ids}")
+        unknown = sorted(set(self.clients) - set(ids))
+        if unknown:
+            raise ValueError(f"clients {unknown} have data but are not among client_ids {ids}")
+        self.client_ids = ids
 
 
 def simulate(setup: FedSetup, *, on_round: Callable[[RoundLog], None] | None = None) -> FedHistory:
     """Run `setup` with the deterministic in-process loop: the same functions, sampler and codec as Flower."""
-    method, ids = setup.method, sorted(setup.clients)
+    method, ids = setup.method, list(setup.client_ids or [])
+    missing = [c for c in ids if c not in setup.clients]
+    if missing:
+        raise ValueError(f"simulate trains every client in this process, but the setup has no client data for "
+                         f"clients {missing} (a server-only setup runs on Flower)")  # fmt: skip
     state = OrderedDict((k, v.detach().clone()) for k, v in setup.init_state.items())
     method.setup(state, setup.seed)
     eval0 = setup.evaluate(state) if setup.evaluate else {}
@@ -376,20 +427,32 @@ def _flwr() -> Any:
     return app
 
 
+# the record names and weighting key of Flower's built-in strategies (flwr.serverapp.strategy.FedAvg's defaults
+# arrayrecord_key, configrecord_key, weighted_by_key; its replies' MetricRecord is read whatever its name, "metrics"
+# in Flower's examples); a payload's "num_examples" metric travels under WEIGHT_KEY
+ARRAYS_KEY, CONFIG_KEY, METRICS_KEY, WEIGHT_KEY = "arrays", "config", "metrics", "num-examples"
+
+
 def payload_to_record(p: Payload, client_id: int) -> Any:
-    """A payload as a Flower ``RecordDict``: arrays -> ``ArrayRecord`` ("payload"), metrics -> ``MetricRecord``."""
+    """A payload as a Flower reply ``RecordDict``: arrays -> ``ArrayRecord`` "arrays", metrics -> ``MetricRecord``
+    "metrics" (``num_examples`` as "num-examples", plus the sender's "client-id"): the records Flower's FedAvg
+    reads."""
     app = _flwr()
     arrays = app.ArrayRecord(OrderedDict((k, v.detach().cpu().contiguous()) for k, v in p.arrays.items())) \
         if p.arrays else app.ArrayRecord()  # fmt: skip
-    metrics = app.MetricRecord({**{k: float(v) for k, v in p.metrics.items()}, "client-id": int(client_id)})
-    return app.RecordDict({"payload": arrays, "metrics": metrics})
+    metrics = {WEIGHT_KEY if k == "num_examples" else k: float(v) for k, v in p.metrics.items()}
+    if len(metrics) != len(p.metrics) or "client-id" in metrics:
+        raise ValueError(f"payload metrics {sorted(p.metrics)} clash with the wire names {WEIGHT_KEY!r} / 'client-id'")
+    metrics["client-id"] = int(client_id)
+    return app.RecordDict({ARRAYS_KEY: arrays, METRICS_KEY: app.MetricRecord(metrics)})
 
 
 def record_to_payload(rd: Any) -> tuple[int, Payload]:
     """(client id, payload) from a reply's ``RecordDict`` (inverse of `payload_to_record`)."""
-    arrays = {k: torch.from_numpy(v.numpy().copy()) for k, v in rd["payload"].items()}
-    metrics = {k: float(v) for k, v in rd["metrics"].items() if k != "client-id"}
-    return int(rd["metrics"]["client-id"]), Payload(arrays, metrics)
+    arrays = {k: torch.from_numpy(v.numpy().copy()) for k, v in rd[ARRAYS_KEY].items()}
+    metrics = {"num_examples" if k == WEIGHT_KEY else k: float(v) for k, v in rd[METRICS_KEY].items()
+               if k != "client-id"}  # fmt: skip
+    return int(rd[METRICS_KEY]["client-id"]), Payload(arrays, metrics)
 
 
 def state_from_record(arrays: Any) -> OrderedDict[str, torch.Tensor]:
@@ -416,6 +479,16 @@ def build_setup(run_config: Mapping[str, Any]) -> FedSetup:
     return _SETUPS[key]
 
 
+def build_server_setup(run_config: Mapping[str, Any]) -> FedSetup:
+    """The ServerApp's `FedSetup`: the run config's ``server-setup`` (a ``"module:function"``; it may return a setup
+    with ``clients={}`` and the ``client_ids``, so the server holds no client data), else `build_setup`'s."""
+    from lmlab.registry import load_attr
+
+    if not run_config.get("server-setup"):
+        return build_setup(run_config)
+    return load_attr(str(run_config["server-setup"]))(dict(run_config))
+
+
 def make_client_app(setup_fn: Callable[[Mapping[str, Any]], FedSetup] = build_setup) -> Any:
     """A Flower ``ClientApp``: train = decode, ``client_update``, encode; query = the node's client id."""
     app = _flwr()
@@ -433,18 +506,20 @@ def make_client_app(setup_fn: Callable[[Mapping[str, Any]], FedSetup] = build_se
     def train(msg: Any, context: Any) -> Any:
         setup = setup_fn(context.run_config)
         cid = _client_id(context)
-        cfg = dict(msg.content["config"])
+        cfg = dict(msg.content[CONFIG_KEY])
         if int(cfg.get("client-id", cid)) != cid:
             raise ValueError(f"train message for client {cfg['client-id']} reached the node of client {cid}")
         if cid not in setup.clients:
             raise ValueError(f"partition-id {cid} is not a client of this run (clients {sorted(setup.clients)})")
-        state = state_from_record(msg.content["arrays"])
-        p = setup.method.client_update(state, setup.clients[cid], cfg, client_id=cid, round_idx=int(cfg["round"]))
+        state = state_from_record(msg.content[ARRAYS_KEY])
+        # Flower's strategies put the round in "server-round" (their train config is otherwise the same every round)
+        round_idx = int(cfg["server-round"] if "server-round" in cfg else cfg["round"])
+        p = setup.method.client_update(state, setup.clients[cid], cfg, client_id=cid, round_idx=round_idx)
         return app.Message(payload_to_record(p, cid), reply_to=msg)
 
     @client_app.query()
     def query(msg: Any, context: Any) -> Any:
-        return app.Message(app.RecordDict({"metrics": app.MetricRecord({"client-id": _client_id(context)})}),
+        return app.Message(app.RecordDict({METRICS_KEY: app.MetricRecord({"client-id": _client_id(context)})}),
                            reply_to=msg)  # fmt: skip
 
     return client_app
@@ -474,8 +549,9 @@ def _make_strategy_class() -> type:
     base = _strategy_base()
 
     class FederatedStrategy(base):  # type: ignore[misc, valid-type]
-        """lmlab's Flower strategy: ``configure_train`` samples with `sample_clients` and sends the method's round
-        config; ``aggregate_train`` decodes the replies, sorts them by client id and calls ``server_aggregate``.
+        """lmlab's Flower strategy: ``configure_train`` samples with `sample_clients` and sends the global state and
+        the method's round config in Flower's layout ("arrays", "config" with "server-round");
+        ``aggregate_train`` decodes the replies, sorts them by client id and calls ``server_aggregate``.
         Node ids are mapped to client ids once, with a query message. No client-side evaluation (the server
         evaluates, through ``Strategy.start(evaluate_fn=...)``)."""
 
@@ -500,12 +576,12 @@ def _make_strategy_class() -> type:
                 if len(nodes) >= len(self.client_ids) or time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
-            msgs = [app.Message(app.RecordDict({"config": app.ConfigRecord({})}), dst_node_id=n,
+            msgs = [app.Message(app.RecordDict({CONFIG_KEY: app.ConfigRecord({})}), dst_node_id=n,
                                 message_type=app.MessageType.QUERY) for n in nodes]  # fmt: skip
             for rep in grid.send_and_receive(msgs, timeout=self.node_wait_s):
                 if rep.has_error():
                     raise RuntimeError(f"node {rep.metadata.src_node_id} failed the client-id query: {rep.error}")
-                self.node_of[int(rep.content["metrics"]["client-id"])] = int(rep.metadata.src_node_id)
+                self.node_of[int(rep.content[METRICS_KEY]["client-id"])] = int(rep.metadata.src_node_id)
             missing = [c for c in self.client_ids if c not in self.node_of]
             if missing:
                 raise RuntimeError(f"no SuperNode holds clients {missing} (nodes answered {sorted(self.node_of)})")
@@ -521,9 +597,10 @@ def _make_strategy_class() -> type:
             self._cfg = self.method.round_config(server_round)
             chosen = sample_clients(self.client_ids, self.per_round, self.seed, server_round)
             out = []
-            for cid in chosen:
-                rd = app.RecordDict({"arrays": arrays, "config": app.ConfigRecord(
-                    {k: config_value(v) for k, v in {**self._cfg, "client-id": cid}.items()})})  # fmt: skip
+            for cid in chosen:  # Flower's message layout: "arrays" (global state), "config" (with "server-round")
+                sent = {**self._cfg, "server-round": server_round, "client-id": cid}
+                rd = app.RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: app.ConfigRecord(
+                    {k: config_value(v) for k, v in sent.items()})})  # fmt: skip
                 out.append(app.Message(rd, dst_node_id=self.node_of[cid], message_type=app.MessageType.TRAIN))
             return out
 
@@ -554,12 +631,12 @@ def _make_strategy_class() -> type:
 
 
 def run_server(grid: Any, run_config: Mapping[str, Any],
-               setup_fn: Callable[[Mapping[str, Any]], FedSetup] = build_setup) -> FedHistory:  # fmt: skip
+               setup_fn: Callable[[Mapping[str, Any]], FedSetup] = build_server_setup) -> FedHistory:  # fmt: skip
     """The ServerApp's main: build the setup, run `FederatedStrategy` for its rounds, write the results JSON and the
     final state (safetensors) to ``run_config["output"]`` (a path stem; nothing written when empty)."""
     app = _flwr()
     setup = setup_fn(run_config)
-    strategy = make_strategy(setup.method, list(setup.clients), setup.per_round, setup.seed,
+    strategy = make_strategy(setup.method, list(setup.client_ids or []), setup.per_round, setup.seed,
                              node_wait_s=float(run_config.get("node-wait-s", 120.0)))  # fmt: skip
     evals: dict[int, dict[str, float]] = {}
 
@@ -590,7 +667,7 @@ def run_server(grid: Any, run_config: Mapping[str, Any],
     return hist
 
 
-def make_server_app(setup_fn: Callable[[Mapping[str, Any]], FedSetup] = build_setup) -> Any:
+def make_server_app(setup_fn: Callable[[Mapping[str, Any]], FedSetup] = build_server_setup) -> Any:
     """A Flower ``ServerApp`` whose main is `run_server`."""
     _flwr()
     from flwr.serverapp import ServerApp
@@ -641,7 +718,7 @@ def run_flower_local(run_config: Mapping[str, Any],
                      setup_fn: Callable[[Mapping[str, Any]], FedSetup] = build_setup) -> FedHistory:  # fmt: skip
     """The Flower apps of `run_config` in this process (`LocalGrid`): the ClientApp and the strategy, no SuperLink."""
     setup = setup_fn(run_config)
-    grid = LocalGrid(make_client_app(setup_fn), run_config, sorted(setup.clients))
+    grid = LocalGrid(make_client_app(setup_fn), run_config, list(setup.client_ids or []))
     return run_server(grid, run_config, setup_fn)
 
 
@@ -650,8 +727,13 @@ def clone_state(state: Mapping[str, torch.Tensor]) -> OrderedDict[str, torch.Ten
 
 
 __all__ = [
+    "ARRAYS_KEY",
+    "CONFIG_KEY",
     "FED_METHODS",
     "FLOWER_APP_DIR",
+    "METRICS_KEY",
+    "UPLOADS",
+    "WEIGHT_KEY",
     "ClientData",
     "FedAvg",
     "FedHistory",
@@ -661,6 +743,7 @@ __all__ = [
     "LocalGrid",
     "Payload",
     "RoundLog",
+    "build_server_setup",
     "build_setup",
     "client_rng",
     "client_weights",
@@ -680,6 +763,8 @@ __all__ = [
     "run_server",
     "sample_clients",
     "simulate",
+    "state_from_record",
+    "state_to_record",
     "wire_payload",
     "wire_state",
 ]
@@ -771,15 +856,22 @@ def local_delta(
     """`first_order_delta` with `local_train`: (Δ = old - new, step losses, accumulated gradient or None).
 
     Reads ``lr``, ``local_steps``, ``local_batch``, ``grad_clip``, ``optimizer`` (default ``sgd``), ``mu`` (FedProx's
-    μ, default 0) and ``seed`` from `cfg`; the batches are `first_order_delta`'s (same generator), so with SGD and
+    μ, default 0; Flower's FedProx strategy sends it as ``proximal-mu``, which is read when present and must agree
+    with ``mu``) and ``seed`` from `cfg`; the batches are `first_order_delta`'s (same generator), so with SGD and
     μ = 0 the delta is `first_order_delta`'s.
     """
+    mu = float(cfg.get("mu", 0.0))
+    if "proximal-mu" in cfg:
+        if "mu" in cfg and float(cfg["proximal-mu"]) != mu:
+            raise ValueError(f"the config has mu={cfg['mu']} and Flower's proximal-mu={cfg['proximal-mu']}; "
+                             "give one μ")  # fmt: skip
+        mu = float(cfg["proximal-mu"])
     task = client.task
     task.set_state(global_state)
     rng = client_rng(cfg["seed"], client_id, round_idx, "order")
     batches = local_batches(client.rows, int(cfg["local_steps"]), int(cfg["local_batch"]), rng)
     losses, gsum = local_train(task, batches, float(cfg["lr"]), optimizer=str(cfg.get("optimizer", "sgd")),
-                               grad_clip=float(cfg.get("grad_clip", 0.0)), prox_mu=float(cfg.get("mu", 0.0)),
+                               grad_clip=float(cfg.get("grad_clip", 0.0)), prox_mu=mu,
                                anchor=global_state, accumulate=accumulate)  # fmt: skip
     new = task.state()
     delta = OrderedDict((k, global_state[k].to(new[k].dtype) - new[k]) for k in new)
@@ -790,15 +882,16 @@ class FedProx(FedAvg):
     """FedProx (Li et al., MLSys 2020): FedAvg whose clients minimise ``L_k(w) + μ/2 ||w - w_global||²``.
 
     The proximal term lives in ``client_update`` (a Flower "FedProx" strategy only ships μ); the server is FedAvg's
-    ``w <- w - η_s Σ p_i Δ_i``. Hyperparameters: FedAvg's plus ``mu`` (0.01) and ``optimizer`` (``sgd`` | ``adamw``).
-    With μ = 0 it is FedAvg with that local optimiser (with SGD: `FedAvg` exactly, tested).
+    ``w <- w - η_s Σ p_i Δ_i``. Hyperparameters: FedAvg's (``upload`` included) plus ``mu`` (0.01) and ``optimizer``
+    (``sgd`` | ``adamw``). With μ = 0 it is FedAvg with that local optimiser (with SGD: `FedAvg` exactly, tested).
+    Flower's ``FedProx(proximal_mu=μ)`` drives it with ``upload="model"`` (tested).
     """
 
     name = "fedprox"
 
     def client_update(self, global_state, client, cfg, *, client_id, round_idx):  # noqa: D102 - see the class
         delta, losses, _ = local_delta(global_state, client, cfg, client_id=client_id, round_idx=round_idx)
-        return Payload(dict(delta), {"train_loss": float(np.mean(losses)), "num_examples": float(len(client.rows))})
+        return self._payload(global_state, delta, losses, client, cfg)
 
 
 FED_METHODS["fedprox"] = "lmlab.core.federated.engine:FedProx"
