@@ -27,7 +27,13 @@ from lmlab.core.execution.sandbox import SANDBOX_UID, SandboxLimits, run_code, s
 
 AVAILABLE, WHY = sandbox_available("unshare")
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
-LIMITS = SandboxLimits(timeout_s=2.0, memory_mb=256)
+# A candidate that should finish gets a generous wall clock: under a loaded machine (a second job, CI) the Python start
+# and ctypes import alone can take seconds, and a 2 s limit then turned a passing attack test into a timeout. The
+# hostile candidates that must be stopped by the clock or the memory limit get SHORT, and their wall-time bound keeps
+# a margin for the kill under load (what it checks is "bounded", not "fast").
+LIMITS = SandboxLimits(timeout_s=30.0, memory_mb=256)
+SHORT = SandboxLimits(timeout_s=2.0, memory_mb=256)
+KILL_MARGIN_S = 15.0
 SECRET = "lmlab-attack-secret-7f3c9a"
 REPO = Path(__file__).resolve().parents[2]
 
@@ -213,15 +219,15 @@ def test_fork_bomb(contained, sentinels):
                 pass
         """
     )
-    r = run_code(code, limits=LIMITS)
+    r = run_code(code, limits=SHORT)
     assert r.status in ("timeout", "runtime_error"), r
-    assert r.wall_s < LIMITS.timeout_s + 3
+    assert r.wall_s < SHORT.timeout_s + KILL_MARGIN_S
     _assert_sentinels_untouched(sentinels)
 
 
 def test_memory_bomb(contained):
     code = "chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))\n"
-    r = run_code(code, limits=LIMITS)
+    r = run_code(code, limits=SHORT)
     assert r.status == "memory_error", r
 
 
@@ -236,9 +242,9 @@ def test_infinite_loop_that_swallows_the_cpu_signal(contained):
                 pass
         """
     )
-    r = run_code(code, limits=LIMITS)
+    r = run_code(code, limits=SHORT)
     assert r.status == "timeout", r
-    assert r.wall_s < LIMITS.timeout_s + 2
+    assert r.wall_s < SHORT.timeout_s + KILL_MARGIN_S
 
 
 def test_cpu_spin_in_many_threads(contained):
@@ -259,15 +265,15 @@ def test_cpu_spin_in_many_threads(contained):
         spin()
         """
     )
-    r = run_code(code, limits=LIMITS)
+    r = run_code(code, limits=SHORT)
     assert r.status == "timeout", r
-    assert r.wall_s < LIMITS.timeout_s + 2
+    assert r.wall_s < SHORT.timeout_s + KILL_MARGIN_S
     assert int(r.stdout.split()[0]) >= 2  # really several spinning threads
 
 
 def test_setsid_then_sleep_in_the_runner_itself(contained):
     """pid 1 of the namespace leaves the process group and sleeps: killing the group alone would miss it."""
-    r = run_code("import os, time\nos.setsid()\ntime.sleep(600)\n", limits=LIMITS)
+    r = run_code("import os, time\nos.setsid()\ntime.sleep(600)\n", limits=SHORT)
     assert r.status == "timeout", r
 
 
@@ -437,7 +443,7 @@ def test_writes_outside_scratch_by_every_path_trick(contained, sentinels):
         print(json.dumps(out))
         """
     )
-    r = run_code(code, limits=SandboxLimits(timeout_s=3.0, memory_mb=256))
+    r = run_code(code, limits=LIMITS)
     assert r.status == "passed", r
     out = json.loads(r.stdout)
     assert out["uid"] == SANDBOX_UID
@@ -482,7 +488,7 @@ def test_only_private_places_are_writable(contained):
         print(json.dumps(bad))
         """
     )
-    r = run_code(code, limits=SandboxLimits(timeout_s=20.0, memory_mb=256, nofile=256))
+    r = run_code(code, limits=SandboxLimits(timeout_s=LIMITS.timeout_s, memory_mb=256, nofile=256))
     assert r.status == "passed", r
     assert json.loads(r.stdout) == []
 
@@ -515,7 +521,7 @@ def test_filling_the_private_tmp_is_bounded(contained):
         print(json.dumps(out))
         """
     )
-    r = run_code(code, limits=SandboxLimits(timeout_s=10.0, memory_mb=256))
+    r = run_code(code, limits=LIMITS)
     assert r.status == "passed", r
     out = json.loads(r.stdout)
     mib = sandbox._tmpfs_mb(SandboxLimits())
@@ -556,7 +562,7 @@ def test_unprivileged_caller_cannot_unmount_its_private_tmp(sentinels):
         sys.modules["lmlab_sandbox"] = mod
         spec.loader.exec_module(mod)
         ok, why = mod.sandbox_available()
-        r = mod.run_code({candidate!r}, limits=mod.SandboxLimits(timeout_s=5)) if ok else None
+        r = mod.run_code({candidate!r}, limits=mod.SandboxLimits(timeout_s=30)) if ok else None
         print(json.dumps({{"ok": ok, "why": why, "status": r and r.status, "stdout": r and r.stdout}}))
         """
     )
@@ -695,7 +701,7 @@ def test_shells_and_setuid_binaries_regain_no_privilege(contained):
         print(json.dumps(out))
         """
     )
-    r = run_code(code, limits=SandboxLimits(timeout_s=8.0, memory_mb=256))
+    r = run_code(code, limits=LIMITS)
     assert r.status == "passed", r
     out = json.loads(r.stdout)
     assert out["sh"].split() == [str(SANDBOX_UID)] * 2
@@ -793,7 +799,7 @@ def test_limits_cannot_be_raised(contained):
 def test_huge_output_keeps_the_parent_bounded(contained):
     import resource
 
-    limits = SandboxLimits(timeout_s=5.0, output_bytes=4096)
+    limits = SandboxLimits(timeout_s=LIMITS.timeout_s, output_bytes=4096)
     code = _code(
         """
         import os
