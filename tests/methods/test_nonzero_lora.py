@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -148,12 +149,86 @@ def test_zero_init_gives_no_gradient_to_A_at_step_0_and_nz_does(tiny_llama):
     assert all(ga > 0 and gb > 0 for ga, gb in grads["nz"])
 
 
-def test_peft_init_false_is_not_init_ab(tiny_llama):
-    """peft's init_lora_weights=False keeps nn.Linear's default init: B's bound is 1/sqrt(r), far above Init[AB]'s."""
+def test_peft_init_false_is_not_init_ab_and_lmlab_replaces_it(tiny_llama):
+    """peft's init_lora_weights=False keeps nn.Linear's default init, B's bound 1/sqrt(r) (peft's behaviour, kept as
+    documentation). lmlab's part: mode 'zero' refuses such a model, and Init[AB] on it replaces both factors with
+    draws within sqrt(beta / n_in)."""
     model = _peft(tiny_llama, init_lora_weights=False)
     _, layer = next(iter(M.lora_layers(model)))
-    assert float(layer.lora_B["default"].weight.abs().max()) > 2 * M.nonzero_bound(64, 1.0)
-    assert float(layer.lora_B["default"].weight.abs().max()) <= 1 / math.sqrt(8)
+    assert float(layer.lora_B["default"].weight.detach().abs().max()) > 2 * M.nonzero_bound(64, 1.0)  # peft
+    with pytest.raises(ValueError, match="mode 'zero' expects peft's default init"):
+        M.init_lora(model, "zero")
+    M.init_lora(model, "nz", generator=torch.Generator().manual_seed(0))
+    for _, lyr in M.lora_layers(model):
+        bound = math.sqrt(1.0 / lyr.lora_A["default"].weight.shape[1])
+        assert float(lyr.lora_A["default"].weight.abs().max()) <= bound
+        assert float(lyr.lora_B["default"].weight.abs().max()) <= bound
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Init[AB] against the spec, with numbers computed here (bounds sqrt(beta / n_in), s = alpha / r), never the ones
+# init_nonzero_lora reports; the second test breaks lmlab's init on purpose and checks that the first would fail
+
+
+INIT_AB_CHECKS = [dict(beta=4.0, reset=True), dict(beta=0.25, reset=False)]
+
+
+def _init_ab_violations(base, *, beta: float, reset: bool, r: int = 4, alpha: float = 12.0) -> list[str]:
+    """Every way lmlab's Init[AB] on a float64 copy of `base` departs from the spec: A, B ~ U(±sqrt(beta / n_in));
+    with the reset W0 <- W0 - s B0 A0 exactly (so W0 + s B A = the pretrained weight at step 0), without it W0
+    untouched (W0 + s B A = the pretrained weight + the documented offset s B0 A0)."""
+    model = _peft(copy.deepcopy(base).double(), r=r, lora_alpha=alpha)
+    before = {n: lyr.get_base_layer().weight.detach().clone() for n, lyr in M.lora_layers(model)}
+    gen = torch.Generator().manual_seed(5)
+    M.init_nonzero_lora(model, beta_a=beta, beta_b=beta, reset_weight=reset, generator=gen)
+    s = alpha / r  # peft's scaling, from the config, not from the layer
+    out = []
+    for name, lyr in M.lora_layers(model):
+        a, b = lyr.lora_A["default"].weight.detach(), lyr.lora_B["default"].weight.detach()  # (r, n_in), (n_out, r)
+        bound = math.sqrt(beta / a.shape[1])
+        for factor, w in (("A", a), ("B", b)):  # >= 256 uniform draws: the max is within 20 % of the bound
+            if not 0.8 * bound < float(w.abs().max()) <= bound:
+                out.append(f"{name}: max|{factor}| = {float(w.abs().max()):.4g}, spec bound {bound:.4g}")
+        w0 = lyr.get_base_layer().weight.detach()
+        want = before[name] - s * (b @ a) if reset else before[name]
+        if float((w0 - want).abs().max()) > 1e-12:
+            out.append(f"{name}: base weight off by {float((w0 - want).abs().max()):.3g}")
+        offset = w0 + s * (b @ a) - before[name]  # the step-0 change of the effective weight
+        want_offset = torch.zeros_like(offset) if reset else s * (b @ a)
+        if float((offset - want_offset).abs().max()) > 1e-12:
+            out.append(f"{name}: step-0 offset off by {float((offset - want_offset).abs().max()):.3g}")
+    return out
+
+
+def test_init_ab_follows_the_spec(tiny_llama):
+    for kw in INIT_AB_CHECKS:
+        assert _init_ab_violations(tiny_llama, **kw) == [], kw
+
+
+def _no_scaling(module, adapter, a, b):
+    delta = b.to(torch.float64) @ a.to(torch.float64)  # s forgotten
+    return delta.T if module.fan_in_fan_out else delta
+
+
+@torch.no_grad()
+def _adds_instead(module, delta):
+    w = module.get_base_layer().weight
+    w.data.copy_(w.data - delta.to(w.dtype))  # the sign of the reset flipped
+
+
+BROKEN_INITS = {
+    "reset without the scaling s": lambda mp: mp.setattr(M, "_delta_fp32", _no_scaling),
+    "reset with the wrong sign": lambda mp: mp.setattr(M, "_add_to_base", _adds_instead),
+    "reset skipped": lambda mp: mp.setattr(M, "_add_to_base", lambda module, delta: None),
+    "beta ignored": lambda mp: mp.setattr(M, "nonzero_bound", lambda fan, beta: math.sqrt(1.0 / fan)),
+    "bound without the square root": lambda mp: mp.setattr(M, "nonzero_bound", lambda fan, beta: beta / fan),
+}
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN_INITS))
+def test_the_init_ab_check_fails_on_a_broken_init(tiny_llama, monkeypatch, broken):
+    BROKEN_INITS[broken](monkeypatch)
+    assert any(_init_ab_violations(tiny_llama, **kw) for kw in INIT_AB_CHECKS)
 
 
 def test_same_generator_same_init(tiny_llama):
@@ -250,7 +325,7 @@ def test_config_validation_and_constants():
 
     assert C.INIT_MODES == M.INIT_MODES and C.B_FANS == M.B_FANS
     cfg = C.NonZeroLoRAConfig()
-    assert cfg.n_seeds >= 2 and cfg.claim_lrs == 2 and "zero" in cfg.inits
+    assert cfg.n_seeds >= 3 and cfg.claim_lrs == 2 and "zero" in cfg.inits
     for bad, match in [
         ({"inits": ["zero", "nz_reset"]}, "inits must include 'nz'"),
         ({"inits": ["zero", "nz", "pissa"]}, "inits entries"),
@@ -263,3 +338,66 @@ def test_config_validation_and_constants():
     ]:
         with pytest.raises(ValueError, match=match):
             C.NonZeroLoRAConfig(**bad)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the experiment's checks: the item-clustered claim and the every-seed sign check (fake runs, no training)
+
+
+def _fake_sweep(seed_effects: list[float], n_items: int = 20) -> tuple[list, list[int], list[str]]:
+    """SweepRuns of zero / nz / nz_reset at lrs 1e-5 and 3e-5 over `n_items` items: item i's NLL is 13 + i/10 plus
+    small noise under zero init, shifted by `seed_effects[k]` for nz and nz_reset in seed k."""
+    gen = torch.Generator().manual_seed(0)
+    seeds = [101 + k for k in range(len(seed_effects))]
+    runs = []
+    for k, seed in enumerate(seeds):
+        for mode in M.INIT_MODES:
+            for lr in (1e-5, 3e-5):
+                shift = 0.0 if mode == "zero" else seed_effects[k]
+                nll = (13 + torch.arange(n_items) / 10 + shift + 0.004 * torch.randn(n_items, generator=gen)).tolist()
+                ev = {"nll": nll, "em": [0.0] * n_items, "dev_nll": [v - 1 for v in nll[:6]]}
+                runs.append(M.SweepRun(mode, lr, seed, 1.0, [2.0, 1.0], ev))
+    return runs, seeds, [f"c{i}" for i in range(n_items)]
+
+
+@pytest.mark.parametrize("seed_effects, every_seed", [([-0.05, -0.04, -0.06], "supported"),
+                                                       ([-0.06, -0.06, 0.02], "not_supported")])  # fmt: skip
+def test_every_seed_check_holds_only_when_each_seed_mean_has_the_sign(seed_effects, every_seed):
+    """One seed whose mean effect goes the other way leaves the pooled item-clustered claim supported (the mean over
+    seeds is still negative, and the bootstrap resamples items, not seeds) but fails the every-seed check."""
+    from lmlab.methods.adaptation.nonzero_lora.config import NonZeroLoRAConfig
+    from lmlab.methods.adaptation.nonzero_lora.experiment import _record
+    from lmlab.registry import get_method
+    from lmlab.runner import RunContext
+
+    runs, seeds, ids = _fake_sweep(seed_effects)
+    cfg = NonZeroLoRAConfig(lrs=[1e-5, 3e-5], n_seeds=len(seeds), eval_items=len(ids))
+    ctx = RunContext(get_method("nonzero_lora"), cfg, show_progress=False)
+    step0 = {m: {"nll": [13.0] * len(ids)} for m in ("nz", "nz_reset")}
+    result = ctx.finish(_record(ctx, cfg, runs, [], seeds, ids, [13.5] * len(ids), step0))
+    gated = [c for c in result.claims if c.gate]
+    pooled = [c for c in gated if "/seed" not in c.method]
+    every = [c for c in gated if "/seed" in c.method]
+    assert len(pooled) == len(every) == 4  # {nz, nz_reset} x the 2 smallest lrs
+    assert all(c.status == "supported" for c in pooled), [(c.text, c.status) for c in pooled]
+    assert all(c.status == every_seed and c.null_status != "supported" for c in every), [(c.text, c.status)
+                                                                                         for c in every]  # fmt: skip
+    worst = max(range(3), key=lambda k: seed_effects[k])
+    assert all(c.method.endswith(f"/seed{worst}") and c.baseline.endswith(f"/seed{worst}") for c in every)
+    n_neg = sum(e < 0 for e in seed_effects)
+    assert result.flags["seeds_below_zero_init"]["nz@1e-05"] == f"{n_neg} of 3"
+    rows = {(m.system, m.metric): m for m in result.metrics}
+    summary = rows[("nz-zero@1e-05", "seed_effect_nll")]  # the seed-level summary: mean of the 3 seed effects
+    assert summary.n == 3 and summary.value == pytest.approx(np.mean(seed_effects), abs=0.01)
+    assert ("nz_reset@3e-05/seed2", "eval_nll") in rows and rows[("zero@1e-05/seed0", "eval_nll")].n == len(ids)
+    assert len(result.tables["per_seed_effects"]) == 2 * 2 * 3
+
+
+def test_one_seed_gives_no_every_seed_check():
+    from lmlab.methods.adaptation.nonzero_lora.config import NonZeroLoRAConfig
+    from lmlab.methods.adaptation.nonzero_lora.experiment import claims
+
+    cfg = NonZeroLoRAConfig(lrs=[1e-5, 3e-5], n_seeds=1)
+    per_seed = {(m, lr): [-0.05] for m in ("nz", "nz_reset") for lr in (1e-5, 3e-5)}
+    out = claims(cfg, [1e-5, 3e-5], {"nz": 3e-5, "zero": 3e-5, "nz_reset": 3e-5}, per_seed)
+    assert not [c for c in out if "/seed" in c.method] and sum(c.gate for c in out) == 4

@@ -25,7 +25,7 @@ SPEC = register_method(
             "smoke": {
                 "model": "tiny-llama",
                 "lrs": [1e-3, 1e-2],
-                "n_seeds": 1,
+                "n_seeds": 2,  # exercises the per-seed rows and the every-seed checks
                 "steps": 3,
                 "train_batch": 4,
                 "rank": 4,
