@@ -165,3 +165,12 @@ def test_report_of_a_real_smoke_run(tmp_path):
     assert "id='m-wanda'" in text and "cells run 1:" in text
     imgs = [a for t, a in _parse(text).tags if t == "img"]
     assert len(imgs) >= 1 + len(list((tmp_path / "wanda").glob("*.png")))
+
+
+def test_forest_plot_draws_an_interval_that_excludes_its_effect():
+    from lmlab.report_html import forest_png
+
+    rows = [{"effect": 0.05, "lo": -0.29, "hi": 0.01, "threshold": 0.0, "status": "inconclusive", "label": "W"},
+            {"effect": 0.2, "lo": 0.1, "hi": 0.3, "threshold": 0.0, "status": "supported", "label": "m"}]  # fmt: skip
+    png = forest_png([("mpo", "inconclusive", rows)])
+    Image.open(io.BytesIO(png)).verify()

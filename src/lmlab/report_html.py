@@ -232,8 +232,10 @@ def forest_png(panels: Sequence[tuple[str, str, list[dict[str, Any]]]]) -> bytes
             if _finite(r.get("effect")):
                 lo = r["lo"] if _finite(r.get("lo")) else r["effect"]
                 hi = r["hi"] if _finite(r.get("hi")) else r["effect"]
-                ax.errorbar([r["effect"]], [y], xerr=[[r["effect"] - lo], [hi - r["effect"]]], fmt="o",
-                            color=color, ecolor=color, capsize=3, markersize=4)  # fmt: skip
+                # the CI as is (a bootstrap CI of a min or a ratio need not contain the point: no negative xerr)
+                ax.hlines(y, lo, hi, colors=color, linewidth=1.2)
+                ax.vlines([lo, hi], y - 0.15, y + 0.15, colors=color, linewidth=1.2)
+                ax.plot([r["effect"]], [y], "o", color=color, markersize=4)
             else:
                 ax.text(0.01, y, "no value", transform=ax.get_yaxis_transform(), va="center", fontsize=7,
                         color=color)  # fmt: skip

@@ -48,3 +48,14 @@ def test_number_formatting():
     assert fmt(None) == "" and fmt(3) == "3" and fmt(123456) == "123,456"
     assert fmt(0.000012345) == "1.234e-05" and fmt(1.23456) == "1.235"
     assert fmt_ci(1.0, 0.5, 1.5) == "1 [0.5, 1.5]" and fmt_ci(2.0, None, None) == "2"
+
+
+def test_bar_with_ci_draws_an_interval_that_excludes_its_point():
+    """A percentile bootstrap CI of a min over objectives can lie wholly below the point (mpo's worst-objective
+    reward): the plot draws it as is instead of failing on negative error bars (it did, and failed the run)."""
+    rows = [
+        MetricRow("mpo", "worst_reward", 0.40, 0.31, 0.38, 20),
+        MetricRow("uniform", "worst_reward", 0.35, 0.36, 0.5, 20),
+    ]
+    png = bar_with_ci(rows, title="t", ylabel="W", highlight=["mpo"])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"

@@ -46,10 +46,16 @@ def bar_with_ci(
     fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(rows) + 1.5), 3.4))
     xs = range(len(rows))
     values = [r.value for r in rows]
-    lows = [r.value - (r.ci_low if r.ci_low is not None else r.value) for r in rows]
-    highs = [(r.ci_high if r.ci_high is not None else r.value) - r.value for r in rows]
     colors = [METHOD_COLOR if r.system in highlight else BASELINE_COLOR for r in rows]
-    ax.bar(xs, values, color=colors, yerr=[lows, highs], capsize=4)
+    ax.bar(xs, values, color=colors)
+    # The interval is drawn as is, not as +- errors around the bar: a percentile bootstrap CI of a non-smooth statistic
+    # (a min over objectives, a ratio) need not contain its point estimate, and matplotlib refuses negative yerr.
+    spans = [(x, r.ci_low, r.ci_high) for x, r in zip(xs, rows) if r.ci_low is not None and r.ci_high is not None]
+    if spans:
+        ax.vlines([x for x, _, _ in spans], [lo for _, lo, _ in spans], [hi for _, _, hi in spans], colors="black",
+                  linewidth=1)  # fmt: skip
+        for x, lo, hi in spans:
+            ax.hlines([lo, hi], x - 0.08, x + 0.08, colors="black", linewidth=1)
     ax.set_xticks(list(xs))
     ax.set_xticklabels([r.system for r in rows], rotation=20, ha="right")
     ax.set_ylabel(ylabel)
