@@ -1,7 +1,8 @@
 """RLTHF invariants: Kneedle finds known kinks, the reward distribution splits at its elbow and knee, amplification
 equals duplication, cross-fitted margins never see their own label, the loop spends exactly the annotator's budget,
 human labels replace AI labels, back-off drops only un-annotated tail pairs, and below-knee queries find more
-mislabels than random ones; bad input is refused with one line naming the value."""
+mislabels than random ones, back-off climbs from the below-knee tail up to the elbow, the back-off is chosen on dev
+pairs disjoint from the test pairs and recorded; bad input is refused with one line naming the value."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from lmlab.core.training.annotator import BudgetExceeded, GroundTruthAnnotator
 from lmlab.methods.alignment.rlthf.config import RLTHFConfig
 from lmlab.methods.alignment.rlthf.method import (
+    backoff_drop,
     bt_margins,
     crossfit_margins,
     curate,
@@ -65,6 +67,117 @@ def test_reward_regions_split_a_reverse_s_curve_at_its_elbow_and_knee():
     assert reg.rank_of()[reg.order[5]] == 5
     flat = reward_regions(np.ones(50))
     assert flat.fallback and flat.elbow < flat.knee  # degenerate curve: quantile fallback
+
+
+def _reverse_s(seed=0):
+    """Sorted margins with a steep head (100 pairs), a flat middle and a steep tail (the last 100), permuted."""
+    head = np.linspace(10, 2, 100, endpoint=False)
+    mid = np.linspace(2, -1, 800, endpoint=False)
+    tail = np.linspace(-1, -12, 100)
+    return np.random.default_rng(seed).permutation(np.concatenate([head, mid, tail]))
+
+
+def test_backoff_climbs_from_the_tail_to_the_elbow_and_never_drops_human_labels():
+    reg = reward_regions(_reverse_s(), smooth=0.0)
+    n, rank = len(reg.order), reg.rank_of()
+    assert abs(reg.elbow - 100) <= 1 and abs(reg.knee - 900) <= 1
+    human = np.zeros(n, dtype=bool)
+    human[np.random.default_rng(1).choice(n, size=60, replace=False)] = True  # spread over head, middle and tail
+    free = ~human
+    tail = set(np.flatnonzero(free & (rank >= reg.knee)))
+    band = set(np.flatnonzero(free & (rank >= reg.elbow) & (rank < reg.knee)))
+    drops = {b: backoff_drop(reg, human, b) for b in (0.0, 0.5, 1.0, 1.5, 2.0)}
+    assert len(drops[0.0]) == 0
+    assert set(drops[1.0]) == tail  # b = 1: the whole un-annotated below-knee tail (the old default)
+    assert set(drops[2.0]) == tail | band  # b = 2: everything un-annotated below the elbow ...
+    kept_ai = np.setdiff1d(np.flatnonzero(free), drops[2.0])
+    assert set(kept_ai) == set(np.flatnonzero(free & (rank < reg.elbow)))  # ... the confident region stays
+    for lo, hi in [(0.0, 0.5), (0.5, 1.0), (1.0, 1.5), (1.5, 2.0)]:
+        assert set(drops[lo]) < set(drops[hi])  # the dropped set only grows with b
+    for d in drops.values():
+        assert not human[d].any() and len(set(d)) == len(d)  # never a human label, never twice
+        if len(d):
+            assert np.all(np.diff(rank[d]) < 0)  # lowest margin first
+    half_band = set(drops[1.5]) - tail
+    assert len(half_band) == round(0.5 * len(band))
+    assert min(rank[list(half_band)]) > max(rank[list(band - half_band)])  # the lower half of the band goes first
+    # the elbow sets how far back-off climbs: a higher elbow leaves more of the head untouched at b = 2
+    import dataclasses
+
+    lower = dataclasses.replace(reg, elbow=300)
+    assert set(backoff_drop(lower, human, 2.0)) == set(np.flatnonzero(free & (rank >= 300)))
+    assert set(backoff_drop(lower, human, 1.0)) == tail  # at b <= 1 only the knee matters
+    with pytest.raises(ValueError, match=r"backoff must be in \[0, 2\]"):
+        backoff_drop(reg, human, 2.5)
+
+
+def test_curate_with_backoff_past_one_drops_up_to_the_elbow():
+    x, truth, ai, groups = _data(n=600)
+    out = {}
+    for b in (1.0, 2.0):
+        ann = _annotator(truth, budget=30)
+        out[b] = curate(x, ai, lambda idx, it, a=ann: a.label(idx, iteration=it), iterations=2, per_iteration=15,
+                        backoff=b, groups=groups, l2=0.01, seed=0)  # fmt: skip
+    h1, h2 = out[1.0].history[0], out[2.0].history[0]
+    assert h1.queried == h2.queried and (h1.elbow, h1.knee) == (h2.elbow, h2.knee)  # round 1 sees only AI labels
+    assert h1.elbow < h1.knee and all(h.n_dropped > 0 for h in out[1.0].history)
+    # round 1 queries below the knee, so back-off 1 drops the rest of the tail, back-off 2 everything below the elbow
+    assert h1.n_dropped == 600 - h1.knee - 15
+    assert h2.n_dropped == 600 - h2.elbow - 15
+    assert not out[2.0].human[out[2.0].weights == 0].any()
+
+
+def test_choose_backoff_takes_the_best_dev_score_and_grows_a_grid_whose_best_is_its_edge():
+    from lmlab.methods.alignment.rlthf.experiment import choose_backoff
+
+    grid = [0.0, 0.25, 0.5, 0.75, 1.0]
+    best, scores = choose_backoff(grid, lambda b: [0.8 - (b - 0.5) ** 2, 0.7 - (b - 0.5) ** 2])
+    assert best == 0.5 and sorted(scores) == grid  # an interior best: no growth
+    best, scores = choose_backoff(grid, lambda b: [0.7 + 0.01 * b])  # better the more is dropped
+    assert best == 2.0 and sorted(scores) == [*grid, 1.25, 1.5, 1.75, 2.0]  # grown to the natural bound
+    best, scores = choose_backoff(grid, lambda b: [0.9 - abs(b - 1.25)])
+    assert best == 1.25 and max(scores) == 1.5  # grown one step past the best, then stopped
+    best, _ = choose_backoff(grid, lambda b: [0.75])
+    assert best == 0.0  # a tie goes to the value that drops least
+    best, scores = choose_backoff(grid, lambda b: [0.8 - b])
+    assert best == 0.0 and sorted(scores) == grid  # the lower edge 0 is a natural bound: no growth
+
+
+def test_backoff_is_chosen_on_dev_pairs_disjoint_from_the_test_pairs_and_recorded(tmp_path, monkeypatch):
+    from lmlab.core.training.annotator import GroundTruthAnnotator
+    from lmlab.runner import run_method
+
+    held: list[str] = []
+    real_held_out = GroundTruthAnnotator.held_out
+
+    def spy(self, pair_ids, **kw):
+        ids = list(pair_ids)
+        held.extend(ids)
+        return real_held_out(self, ids, **kw)
+
+    monkeypatch.setattr(GroundTruthAnnotator, "held_out", spy)
+    result = run_method("rlthf", preset="smoke", folder=tmp_path / "run", show_progress=False, raise_errors=True,
+                        threads=1)  # fmt: skip
+    prompt_of = lambda pid: pid.split(":")[1]  # noqa: E731  pair id = "<draw>:<prompt id>:<i>-<j>"
+    dev = {prompt_of(p) for p in held if p.startswith("dev")}
+    test = {prompt_of(p) for p in held if p.startswith("test")}
+    assert dev and test and not dev & test  # the choice never sees a test prompt
+    rows = result.tables["backoff_dev"]
+    chosen = {}
+    for noise in ("systematic", "flip"):
+        for s in ("rlthf", "self"):
+            mine = [r for r in rows if r["noise"] == noise and r["system"] == s]
+            assert {0.0, 0.5, 1.0} <= {r["backoff"] for r in mine}  # every value of the smoke grid scored on dev
+            best = max(r["dev_acc"] for r in mine)
+            want = min(r["backoff"] for r in mine if r["dev_acc"] == best)
+            assert [r["backoff"] for r in mine if r["chosen"]] == [want]
+            chosen[f"{s}@{noise}"] = want
+    recorded = {m.system: m.value for m in result.metrics if m.metric == "backoff"}
+    assert recorded == chosen and result.flags["backoff_chosen"] == chosen
+    # the replicates ran with the chosen value: back-off 0 drops nothing, any other value drops some tail pair
+    for noise in ("systematic", "flip"):
+        dropped = [r["dropped"] for r in result.tables["rounds"] if r["noise"] == noise and r["system"] == "rlthf"]
+        assert (sum(dropped) == 0) == (chosen[f"rlthf@{noise}"] == 0.0)
 
 
 def test_rolling_mean_keeps_a_sorted_curve_sorted_and_its_length():
@@ -201,7 +314,7 @@ def test_bad_inputs_are_refused_with_one_line_naming_the_value():
         (dict(strategy="rlthf", annotate=None), "annotate must be None exactly"),
         (dict(per_iteration=61), r"per_iteration must be an int in \[1, 60\]"),
         (dict(amplification=0.5), "amplification must be >= 1"),
-        (dict(backoff=1.5), r"backoff must be in \[0, 1\]"),
+        (dict(backoff=2.5), r"backoff must be in \[0, 2\]"),
         (dict(query_order="top"), "query_order must be one of"),
         (dict(iterations=0), "iterations must be an int >= 1"),
         (dict(n_folds=100), "n_folds must be in"),
@@ -233,6 +346,10 @@ def test_config_refuses_out_of_range_knobs():
         (dict(strategies=["random"]), "strategies must include 'rlthf'"),
         (dict(flip_prob=0.7), "flip_prob must be in"),
         (dict(embedder="bert"), "embedder must be one of"),
+        (dict(backoff=2.5), r"backoff must be in \[0.0, 2.0\]"),
+        (dict(backoff_grid=[]), "backoff_grid must be a non-empty list"),
+        (dict(backoff_grid=[0.5, 3.0]), "backoff_grid values must be in"),
+        (dict(dev_replicates=0), "dev_replicates must be in"),
     ]:
         with pytest.raises(ValueError, match=msg):
             RLTHFConfig(**kw)

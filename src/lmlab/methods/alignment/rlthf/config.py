@@ -35,7 +35,17 @@ class RLTHFConfig(BaseConfig):
         human_fraction (`float`, defaults to 0.06): total annotator budget as a share of the pool (paper: 6-7%).
         iterations (`int`, defaults to 4): rounds; each sends ``budget / iterations`` pairs (1.5% of the pool).
         amplification (`float`, defaults to 5): weight (copies) of a human label, every strategy alike.
-        backoff (`float`, defaults to 1): share of un-annotated below-knee pairs dropped each round (RLTHF, self).
+        backoff (`float`, *optional*): the back-off ratio b in [0, 2] of RLTHF and self (`method.backoff_drop`):
+            b in [0, 1] drops the lowest b share of the un-annotated pairs below the knee each round, b in (1, 2]
+            all of them plus the lowest b - 1 share of those between the elbow and the knee (2: only the confident
+            region above the elbow is kept). None (default): chosen on the dev split, per strategy and noise model.
+        backoff_grid (`list[float]`): the values tried on the dev split; while the best is the largest one (and
+            below 2, the natural bound), the grid grows by its last step.
+        dev_replicates (`int`, defaults to 2) and n_dev_pairs (`int`, defaults to 1000): the dev stage that
+            chooses the back-off: its own pools drawn from the training prompts, each curated with the same
+            annotator budget, the RM scored on pairs of the suite's dev split (countries disjoint from train and
+            test), labelled by the clean oracle and uncounted. The test pairs never enter the choice.
+        max_dev_prompts (`int`, *optional*): cap on the dev prompts.
         query_order (`str`): ``random`` draw below the knee, or the ``lowest`` margins first.
         n_folds, l2, pca_dim: the reward model (cross-fitted scoring, L2, feature width).
         smooth, split: the reward-distribution curve (rolling-mean window share; rank share between elbow and knee).
@@ -60,7 +70,17 @@ class RLTHFConfig(BaseConfig):
     human_fraction: float = param(0.06, "annotator budget as a share of the pool", paper="6-7% in total")
     iterations: int = param(4, "annotation rounds", paper="several [verify]")
     amplification: float = param(5.0, "weight (copies) of a human-labelled pair", paper="named, value [verify]")
-    backoff: float = param(1.0, "share of un-annotated below-knee pairs dropped", paper="back-off ratio [verify]")
+    backoff: float | None = param(
+        None,
+        "back-off ratio in [0, 2] (0-1: share of the below-knee tail dropped, 1-2: on up to the elbow); None: tuned",
+        paper="back-off ratio beta [verify]",
+    )
+    backoff_grid: list = param(
+        [0.0, 0.25, 0.5, 0.75, 1.0], "back-off values tried on the dev split (grown while the best is the largest)"
+    )
+    dev_replicates: int = param(2, "replicates of the dev stage that chooses the back-off (same annotator budget)")
+    n_dev_pairs: int = param(1000, "dev pairs per dev replicate (suite's dev split, clean oracle, uncounted)")
+    max_dev_prompts: int | None = param(None, "cap on dev prompts (None: every usable one)")
     query_order: str = param(
         "random",
         "which below-knee pairs go to the human",
@@ -97,7 +117,14 @@ class RLTHFConfig(BaseConfig):
         check_range("human_fraction", self.human_fraction, 0.0, 0.5, open_lo=True)
         check_range("iterations", self.iterations, 1, 50)
         check_range("amplification", self.amplification, 1.0)
-        check_range("backoff", self.backoff, 0.0, 1.0)
+        check_range("backoff", self.backoff, 0.0, 2.0)
+        if not self.backoff_grid or len(set(self.backoff_grid)) != len(self.backoff_grid):
+            raise ValueError(f"backoff_grid must be a non-empty list of distinct values, got {self.backoff_grid}")
+        for b in self.backoff_grid:
+            check_range("backoff_grid values", b, 0.0, 2.0)
+        check_range("dev_replicates", self.dev_replicates, 1)
+        check_range("n_dev_pairs", self.n_dev_pairs, 1)
+        check_range("max_dev_prompts", self.max_dev_prompts, 1)
         check_range("n_folds", self.n_folds, 2, 20)
         check_range("l2", self.l2, 0.0, open_lo=True)
         check_range("pca_dim", self.pca_dim, 2)

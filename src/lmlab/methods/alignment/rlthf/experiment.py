@@ -26,6 +26,15 @@ accuracy of the curated labels (the kept pairs) against U (measured through the 
 `agreement`, for the report only); the curve of test accuracy after each round (x = % of the pool sent to the
 human); ``yield``, the share of queried pairs whose AI label the human overturned.
 
+Back-off tuning (dev stage, before the replicates): the back-off ratio of RLTHF and of self (the only strategies
+with a knob beyond the shared amplification) is chosen per noise model from `backoff_grid` by the mean held-out RM
+accuracy on the suite's *dev* split (countries disjoint from train and test): `dev_replicates` pools of
+`n_train_pairs` drawn from the training prompts, each curated at every grid value with the same annotator budget
+and seed, the RM scored on `n_dev_pairs` clean-oracle dev pairs (uncounted). While the best value is the grid's
+largest and below 2 (the natural bound: only the confident region above the elbow kept), the grid grows by its
+last step. The test pairs never enter the choice; every value's dev score and the choice are recorded
+(`backoff_dev` table, ``backoff`` / ``dev_acc`` rows).
+
 Claims (gated, systematic noise, the spec's): test_acc of RLTHF above uncertainty, random and AI-only. Reported:
 the same under uniform flips (where the method is expected to look better); label accuracy vs random and
 uncertainty; the gap full - RLTHF; self-improvement vs AI-only; the correction yield vs random.
@@ -35,7 +44,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from lmlab.core.stats.seeding import derive_seed
-from lmlab.methods.alignment.rlthf.method import bt_margins, curate, fit_bt
+from lmlab.methods.alignment.rlthf.method import Curation, bt_margins, curate, fit_bt
 from lmlab.methods.alignment.rlthf.task import TASKS, build_prompts, draw_pairs, pair_features, utility
 from lmlab.results import Claim
 
@@ -56,6 +65,8 @@ LABELS = {
     "full": "full annotation",
 }
 
+BACKOFF_STRATEGIES = ("rlthf", "self")  # the strategies with a back-off (they curate from a reward distribution)
+BACKOFF_BOUND = 2.0  # back-off 2 keeps only the confident region above the elbow: the grid never grows past it
 
 HASH_DIM = 512
 
@@ -102,9 +113,10 @@ def _embed(ctx: Any, cfg: Any, texts: list[str]) -> np.ndarray:
     return out
 
 
-def _features(cfg: Any, train_p: list[Any], test_p: list[Any], x: np.ndarray) -> tuple[dict[str, int], np.ndarray]:
-    """Response id -> row, and the rows projected on the top principal directions of the training responses."""
-    ids = [v.id for p in (*train_p, *test_p) for v in p.variants]
+def _features(cfg: Any, train_p: list[Any], held_p: list[Any], x: np.ndarray) -> tuple[dict[str, int], np.ndarray]:
+    """Response id -> row, and the rows projected on the top principal directions of the training responses
+    (`held_p`: the test and dev prompts, projected, never fitted)."""
+    ids = [v.id for p in (*train_p, *held_p) for v in p.variants]
     n_train = sum(len(p.variants) for p in train_p)
     import torch
 
@@ -145,18 +157,19 @@ def run(cfg: Any, ctx: Any) -> Any:
     t0 = time.perf_counter()
     train_p = _prompts(ctx, cfg, "train", cfg.max_train_prompts)
     test_p = _prompts(ctx, cfg, "test", cfg.max_test_prompts)
-    if len(train_p) < 2 or not test_p:
+    dev_p = _prompts(ctx, cfg, "dev", cfg.max_dev_prompts) if cfg.backoff is None else []
+    if len(train_p) < 2 or not test_p or (cfg.backoff is None and not dev_p):
         raise ValueError(
-            f"need >= 2 training prompts and >= 1 test prompt, got {len(train_p)} and {len(test_p)} "
-            "(raise --limit or the prompt caps)"
+            f"need >= 2 training prompts, >= 1 test prompt and (to tune the back-off) >= 1 dev prompt, got "
+            f"{len(train_p)}, {len(test_p)} and {len(dev_p)} (raise --limit or the prompt caps)"
         )
-    texts = [f"{p.text}\n{v.text}" for p in (*train_p, *test_p) for v in p.variants]
+    texts = [f"{p.text}\n{v.text}" for p in (*train_p, *test_p, *dev_p) for v in p.variants]
     x = _embed(ctx, cfg, texts)
-    index, z = _features(cfg, train_p, test_p, x)
+    index, z = _features(cfg, train_p, [*test_p, *dev_p], x)
     embed_s = time.perf_counter() - t0
 
     with _one_thread():  # the RM fits are tiny: extra torch threads only add contention (measured 10x slower)
-        return _run(cfg, ctx, train_p, test_p, index, z, len(texts), embed_s)
+        return _run(cfg, ctx, train_p, test_p, dev_p, index, z, len(texts), embed_s)
 
 
 @contextmanager
@@ -176,15 +189,25 @@ def _run(
     ctx: Any,
     train_p: list[Any],
     test_p: list[Any],
+    dev_p: list[Any],
     index: dict[str, int],
     z: np.ndarray,
     n_texts: int,
     embed_s: float,
 ) -> Any:
     strategies = list(dict.fromkeys(cfg.strategies))
+    tuned = [s for s in strategies if s in BACKOFF_STRATEGIES]
+    if cfg.backoff is None:
+        t_dev = time.perf_counter()
+        backoff, dev_rows = _tune_backoff(cfg, ctx, train_p, dev_p, index, z, tuned)
+        _record_backoff(ctx, cfg, backoff, dev_rows, time.perf_counter() - t_dev)
+    else:
+        backoff = {(s, noise): cfg.backoff for s in tuned for noise in cfg.noise_models}
+        for (s, noise), b in backoff.items():
+            ctx.record_value(f"{s}@{noise}", "backoff", b, note="back-off ratio, fixed by the config (not tuned)")
     acc = _Acc()
     for r in ctx.progress(range(cfg.replicates), "replicates"):
-        _replicate(cfg, r, train_p, test_p, index, z, strategies, acc)
+        _replicate(cfg, r, train_p, test_p, index, z, strategies, backoff, acc)
     vals, curve, judge_acc, budget, n_train = acc.vals, acc.curve, acc.judge_acc, acc.budget, acc.n_train
     clus, samples, hist_rows = acc.clus, acc.samples, acc.hist_rows
 
@@ -243,6 +266,106 @@ def _run(
         f"{cfg.iterations} rounds for every budgeted strategy."
     )
     return ctx.finish(_claims(cfg, strategies))
+
+
+# -------------------------------------------------------------------------------------------- back-off on dev
+
+
+def _tune_backoff(
+    cfg: Any,
+    ctx: Any,
+    train_p: list[Any],
+    dev_p: list[Any],
+    index: dict[str, int],
+    z: np.ndarray,
+    tuned: list[str],
+) -> tuple[dict[tuple[str, str], float], list[dict[str, Any]]]:
+    """The dev stage (module docstring): per (strategy, noise model), the back-off with the best mean dev RM
+    accuracy, and one row per value tried. Each dev replicate is a fresh pool from the training prompts with its own
+    annotator budget and AI labels; every value of one (strategy, noise) reuses the pool's seeds (paired)."""
+    pools = []
+    for k in range(cfg.dev_replicates):
+        dseed = derive_seed(cfg.seed, "dev", k)
+        pool = _Pool.draw(
+            cfg, dseed, f"dev replicate {k}", train_p, dev_p, cfg.n_dev_pairs, f"devpool{k}", f"dev{k}", index, z
+        )
+        _, dev_labels = pool.door(0)  # dev pairs: clean truth, uncounted, closed to the training door
+        ai = {
+            noise: np.array(_judge(cfg, noise, pool.pairs, derive_seed(dseed, "judge", noise)).label(pool.train_ids))
+            for noise in cfg.noise_models
+        }
+        pools.append((dseed, pool, np.array(dev_labels.labels(pool.held_ids)), ai))
+
+    def dev_acc(s: str, noise: str, b: float) -> list[float]:
+        out = []
+        for dseed, pool, y_dev, ai in pools:
+            cur, _ = pool.curate(s, ai[noise], b, derive_seed(dseed, "curate", noise))
+            out.append(float(pool.held_hits(cur.labels, cur.weights, y_dev).mean()))
+        return out  # (dev_replicates,)
+
+    chosen: dict[tuple[str, str], float] = {}
+    rows: list[dict[str, Any]] = []
+    grid = sorted(float(b) for b in cfg.backoff_grid)
+    cells = [(noise, s) for noise in cfg.noise_models for s in tuned]
+    for noise, s in ctx.progress(cells, "back-off on dev"):
+        best, scores = choose_backoff(grid, lambda b, s=s, noise=noise: dev_acc(s, noise, b))
+        chosen[(s, noise)] = best
+        rows += [
+            {
+                "noise": noise,
+                "system": s,
+                "backoff": b,
+                "dev_acc": float(np.mean(v)),
+                "dev_acc_per_replicate": [round(a, 5) for a in v],
+                "grown": b not in grid,
+                "chosen": b == best,
+            }
+            for b, v in sorted(scores.items())
+        ]
+    return chosen, rows
+
+
+def choose_backoff(
+    grid: list[float], dev_score: Callable[[float], list[float]], *, bound: float = BACKOFF_BOUND
+) -> tuple[float, dict[float, list[float]]]:
+    """The back-off with the highest mean `dev_score` (a tie goes to the smaller one: fewer pairs dropped), and the
+    scores of every value tried. While the best is the largest value tried and below `bound` (the natural upper
+    bound; 0, the lower one, is natural too), the grid grows by its last step, so the choice is never an edge
+    that could move."""
+    grid = sorted(float(b) for b in grid)
+    step = grid[-1] - grid[-2] if len(grid) > 1 else 0.25
+    scores = {b: list(dev_score(b)) for b in grid}
+
+    def best() -> float:
+        return min(scores, key=lambda b: (-float(np.mean(scores[b])), b))
+
+    while best() == max(scores) < bound:
+        b = round(min(bound, max(scores) + step), 6)
+        scores[b] = list(dev_score(b))
+    return best(), scores
+
+
+def _record_backoff(
+    ctx: Any, cfg: Any, chosen: dict[tuple[str, str], float], rows: list[dict[str, Any]], seconds: float
+) -> None:
+    ctx.table("backoff_dev", rows)
+    parts = []
+    for (s, noise), b in chosen.items():
+        mine = [row for row in rows if row["system"] == s and row["noise"] == noise]
+        best = next(row for row in mine if row["chosen"])
+        ctx.record_value(f"{s}@{noise}", "backoff", b, note="back-off ratio chosen on the dev split")
+        ctx.record_value(
+            f"{s}@{noise}", "dev_acc", best["dev_acc"], note="mean dev RM accuracy at the chosen back-off"
+        )
+        scores = ", ".join(f"{row['backoff']:g}: {row['dev_acc']:.3f}" for row in mine)
+        parts.append(f"{s}@{noise} -> {b:g} (dev accuracy by back-off: {scores})")
+    ctx.flag("backoff_chosen", {f"{s}@{noise}": b for (s, noise), b in chosen.items()})
+    ctx.record_value("all", "tune_s", seconds, unit="s", note="the dev stage choosing the back-off")
+    ctx.note(
+        f"Back-off chosen on the dev split ({cfg.dev_replicates} dev pools of the training prompts, each at the "
+        f"same annotator budget; RM accuracy on up to {cfg.n_dev_pairs} dev-country pairs per pool, clean oracle; "
+        f"test pairs unused): " + "; ".join(parts) + "."
+    )
 
 
 def _pct(system: str, k: int, per_round_share: float) -> float:
@@ -360,6 +483,114 @@ class _Acc:
     n_train: int = 0
 
 
+@dataclass
+class _Pool:
+    """One drawn training pool and its held-out pairs (test or dev): the annotator door, the curation and the RM's
+    held-out hits."""
+
+    cfg: Any
+    seed: int
+    train_ids: list[str]
+    held_ids: list[str]
+    pairs: dict[str, tuple[Any, Any]]
+    f_tr: np.ndarray  # (n_train, k) standardised phi(a) - phi(b)
+    f_held: np.ndarray  # (n_held, k), standardised with the pool's scale
+    groups: list[str]
+    n_folds: int
+    per_round: int
+    budget: int
+
+    @property
+    def n_train(self) -> int:
+        return len(self.train_ids)
+
+    @classmethod
+    def draw(
+        cls,
+        cfg: Any,
+        seed: int,
+        what: str,
+        train_p: list[Any],
+        held_p: list[Any],
+        n_held: int,
+        train_name: str,
+        held_name: str,
+        index: dict[str, int],
+        z: np.ndarray,
+    ) -> _Pool:
+        train = draw_pairs(train_p, cfg.n_train_pairs, seed=seed, name=train_name, target_len=cfg.target_len)
+        held = draw_pairs(held_p, n_held, seed=seed, name=held_name, target_len=cfg.target_len)
+        if len(train) < 16 or not held:
+            raise ValueError(f"{what}: {len(train)} training / {len(held)} held-out pairs; need >= 16 and >= 1")
+        per_round = max(1, int(round(cfg.human_fraction * len(train) / cfg.iterations)))
+        f_tr, f_held = _standardise(pair_features(train, index, z), pair_features(held, index, z))
+        groups = [p.prompt.id for p in train]
+        return cls(
+            cfg,
+            seed,
+            [p.id for p in train],
+            [p.id for p in held],
+            {p.id: (p.a, p.b) for p in (*train, *held)},
+            f_tr,
+            f_held,
+            groups,
+            min(cfg.n_folds, len(set(groups))),
+            per_round,
+            per_round * cfg.iterations,
+        )
+
+    def door(self, budget: int) -> tuple[Any, Any]:
+        """A fresh annotator with `budget` and the held-out labels (clean truth, uncounted, closed to training)."""
+        from lmlab.core.training.annotator import GroundTruthAnnotator
+
+        cfg = self.cfg
+        ann = GroundTruthAnnotator(
+            self.pairs,
+            budget=budget,
+            utility=lambda x: utility(x, target_len=cfg.target_len),
+            noise_temperature=cfg.human_noise_temperature,
+            seed=self.seed,
+        )
+        return ann, ann.held_out(self.held_ids)
+
+    def held_hits(self, labels: np.ndarray, weights: np.ndarray | None, y_held: np.ndarray) -> np.ndarray:
+        """1.0 where the RM fitted on (labels, weights) ranks a held-out pair as the truth does, (n_held,)."""
+        w = fit_bt(self.f_tr, labels, weights, l2=self.cfg.l2)
+        return ((bt_margins(self.f_held, w) > 0).astype(int) == y_held).astype(float)
+
+    def curate(self, strategy: str, ai: np.ndarray, backoff: float, seed: int) -> tuple[Curation, int]:
+        """`strategy` on the AI labels through its own annotator (budget 0 for self): the curation and the pairs
+        charged (which must be the budget)."""
+        cfg = self.cfg
+        ann, _ = self.door(self.budget if strategy != "self" else 0)
+
+        def ask(idx: list[int], it: int) -> list[int]:
+            return ann.label([self.train_ids[i] for i in idx], iteration=it)
+
+        cur = curate(
+            self.f_tr,
+            ai,
+            None if strategy == "self" else ask,
+            strategy=strategy,
+            iterations=cfg.iterations,
+            per_iteration=self.per_round,
+            amplification=cfg.amplification,
+            backoff=backoff,
+            groups=self.groups,
+            n_folds=self.n_folds,
+            l2=cfg.l2,
+            smooth=cfg.smooth,
+            split=cfg.split,
+            query_order=cfg.query_order,
+            seed=seed,
+        )
+        if strategy != "self" and ann.n_queried != self.budget:
+            raise RuntimeError(
+                f"{strategy}: the annotator was charged {ann.n_queried} pairs, the budget is {self.budget}"
+            )
+        return cur, ann.n_queried
+
+
 def _replicate(
     cfg: Any,
     r: int,
@@ -368,72 +599,32 @@ def _replicate(
     index: dict[str, int],
     z: np.ndarray,
     strategies: list[str],
+    backoff: dict[tuple[str, str], float],
     acc: _Acc,
 ) -> None:
     """One replicate: draw the pairs, label them with each AI labeller, run every strategy with its own annotator."""
-    from lmlab.core.training.annotator import GroundTruthAnnotator
-
-    u = lambda x: utility(x, target_len=cfg.target_len)  # noqa: E731
     systems = [*strategies, "ai_only", "full"]
     rseed = derive_seed(cfg.seed, "replicate", r)
-    train = draw_pairs(train_p, cfg.n_train_pairs, seed=rseed, name=f"train{r}", target_len=cfg.target_len)
-    test = draw_pairs(test_p, cfg.n_test_pairs, seed=rseed, name=f"test{r}", target_len=cfg.target_len)
-    if len(train) < 16 or not test:
-        raise ValueError(f"replicate {r}: {len(train)} training / {len(test)} test pairs; need >= 16 and >= 1")
-    n_train = acc.n_train = len(train)
-    per_round = max(1, int(round(cfg.human_fraction * n_train / cfg.iterations)))
-    budget = acc.budget = per_round * cfg.iterations
-    f_tr, f_te = _standardise(pair_features(train, index, z), pair_features(test, index, z))
-    groups = [p.prompt.id for p in train]
-    n_folds = min(cfg.n_folds, len(set(groups)))
-    pairs = {p.id: (p.a, p.b) for p in (*train, *test)}
-    train_ids, test_ids = [p.id for p in train], [p.id for p in test]
-
-    def door(b: int) -> tuple[Any, Any]:
-        ann = GroundTruthAnnotator(
-            pairs, budget=b, utility=u, noise_temperature=cfg.human_noise_temperature, seed=rseed
-        )
-        return ann, ann.held_out(test_ids)  # test pairs: clean truth, uncounted, closed to the training door
-
-    referee, test_labels = door(0)  # reports label accuracy (uncharged `agreement`) and nothing else
-    y_test = np.array(test_labels.labels(test_ids))
+    pool = _Pool.draw(
+        cfg, rseed, f"replicate {r}", train_p, test_p, cfg.n_test_pairs, f"train{r}", f"test{r}", index, z
+    )
+    n_train, budget, train_ids = pool.n_train, pool.budget, pool.train_ids
+    acc.n_train, acc.budget = n_train, budget
+    referee, test_labels = pool.door(0)  # reports label accuracy (uncharged `agreement`) and nothing else
+    y_test = np.array(test_labels.labels(pool.held_ids))
 
     def test_hits(labels: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
-        w = fit_bt(f_tr, labels, weights, l2=cfg.l2)
-        return ((bt_margins(f_te, w) > 0).astype(int) == y_test).astype(float)  # (n_test,)
+        return pool.held_hits(labels, weights, y_test)
 
     for noise in cfg.noise_models:
-        judge = _judge(cfg, noise, pairs, derive_seed(rseed, "judge", noise))
+        judge = _judge(cfg, noise, pool.pairs, derive_seed(rseed, "judge", noise))
         ai = np.array(judge.label(train_ids))
         acc.judge_acc[noise].append(referee.agreement(train_ids, ai.tolist()))
         results: dict[str, tuple[np.ndarray, np.ndarray, list[Any], int]] = {}
         for s in strategies:
-            ann, _ = door(budget if s != "self" else 0)
-
-            def ask(idx: list[int], it: int, ann: Any = ann) -> list[int]:
-                return ann.label([train_ids[i] for i in idx], iteration=it)
-
-            cur = curate(
-                f_tr,
-                ai,
-                None if s == "self" else ask,
-                strategy=s,
-                iterations=cfg.iterations,
-                per_iteration=per_round,
-                amplification=cfg.amplification,
-                backoff=cfg.backoff,
-                groups=groups,
-                n_folds=n_folds,
-                l2=cfg.l2,
-                smooth=cfg.smooth,
-                split=cfg.split,
-                query_order=cfg.query_order,
-                seed=derive_seed(rseed, "curate", noise),
-            )
-            if s != "self" and ann.n_queried != budget:
-                raise RuntimeError(f"{s}: the annotator was charged {ann.n_queried} pairs, the budget is {budget}")
-            results[s] = (cur.labels, cur.weights, cur.history, ann.n_queried)
-        ann_full, _ = door(n_train)
+            cur, charged = pool.curate(s, ai, backoff.get((s, noise), 0.0), derive_seed(rseed, "curate", noise))
+            results[s] = (cur.labels, cur.weights, cur.history, charged)
+        ann_full, _ = pool.door(n_train)
         full = np.array(ann_full.label(train_ids, iteration=0))
         results["full"] = (full, np.ones(n_train), [], ann_full.n_queried)
         results["ai_only"] = (ai, np.ones(n_train), [], 0)

@@ -3,7 +3,8 @@ distribution of a reward model trained on those labels.
 
 ``s_i = y~_i * (r(x, a_i) - r(x, b_i))``, ``y~_i = +1 / -1`` (current label: a / b preferred); sort s descending,
 elbow (top) and knee (bottom) by Kneedle; humans label pairs below the knee; human labels get weight ``alpha``
-(amplification); un-annotated pairs below the knee are dropped (back-off); retrain and repeat.
+(amplification); un-annotated pairs at the low end are dropped, the drop boundary climbing from the bottom of the
+curve to the knee and on to the elbow as the back-off ratio grows (back-off); retrain and repeat.
 https://arxiv.org/abs/2502.13417
 
 The paper publishes no code; the loop is reconstructed from the paper's description (step order confident,
@@ -28,8 +29,13 @@ thresholds [verify]; see the README):
 4. **Targeted annotation**: ``per_iteration`` un-annotated pairs drawn from below the knee (seeded uniform draw, or
    the lowest margins first) are sent to the annotator; its labels replace the AI labels.
 5. **Amplification**: human-labelled pairs weigh ``alpha`` in the next fits.
-6. **Back-off sanitisation**: the un-annotated pairs ranked below the knee (the lowest ``backoff`` share of them)
-   are left out of the next training set (recomputed every iteration from the fresh scores).
+6. **Back-off sanitisation** (`backoff_drop`): un-annotated pairs at the low end of the curve are left out of the
+   next training set (recomputed every iteration from the fresh scores). The back-off ratio ``b`` in [0, 2] moves
+   the drop boundary up the sorted curve: ``b`` in [0, 1] drops the lowest ``b`` share of the un-annotated pairs
+   below the knee (the spec's reading); ``b`` in (1, 2] drops all of them plus the lowest ``b - 1`` share of the
+   un-annotated pairs between the elbow and the knee (the paper's back-off "to the left of the knee", cleaner but
+   less coverage); ``b = 2`` trains on the confident region above the elbow and the human labels only. The elbow
+   thus sets how far back-off can go.
 7. Iterate; the curated set (kept AI labels + amplified human labels) is the output.
 
 Baselines through the same loop and the same annotator door: ``random`` (uniform draw of un-annotated pairs),
@@ -222,7 +228,8 @@ class Regions:
     Attributes:
         order: pair indices sorted by margin, descending (rank r holds pair ``order[r]``).
         curve: the smoothed sorted margins, (n,).
-        elbow: rank of the elbow (upper side); ranks ``< elbow`` are the confident region.
+        elbow: rank of the elbow (upper side); ranks ``< elbow`` are the confident region, never dropped by
+            back-off (`backoff_drop` with ``b > 1`` drops from the band between elbow and knee).
         knee: rank of the knee (lower side); ranks ``>= knee`` are the likely mislabelled tail.
         fallback: True when a quantile replaced Kneedle (degenerate curve).
     """
@@ -275,6 +282,38 @@ def reward_regions(
     if knee in (m, n - 1) or np.ptp(curve[m:]) == 0:
         knee, fallback = int(fallback_quantiles[1] * n), True
     return Regions(order, curve, int(elbow), int(knee), fallback)
+
+
+def backoff_drop(regions: Regions, human: Any, backoff: float) -> np.ndarray:
+    """Pair indices back-off leaves out of the next fit, lowest margin first (module docstring, step 6).
+
+    With ``T`` the un-annotated pairs ranked at or below the knee and ``M`` those between the elbow and the knee
+    (ranks in ``[elbow, knee)``), both listed lowest margin first::
+
+        b in [0, 1]:  drop T[: round(b |T|)]
+        b in (1, 2]:  drop T + M[: round((b - 1) |M|)]
+
+    so the dropped set grows monotonically with ``b``, human-labelled pairs are never dropped and ranks above the
+    elbow (the confident region) never are either.
+
+    Args:
+        regions (`Regions`): the reward distribution of this iteration.
+        human (`array (n,)` of bool): pairs whose label came from the annotator.
+        backoff (`float`): the back-off ratio ``b`` in [0, 2].
+    """
+    if not 0.0 <= backoff <= 2.0:
+        raise ValueError(f"backoff must be in [0, 2], got {backoff}")
+    human = np.asarray(human, dtype=bool)
+    if human.shape != regions.order.shape:
+        raise ValueError(f"human must have shape {regions.order.shape} like the regions' order, got {human.shape}")
+    rank = regions.rank_of()
+    low_first = regions.order[::-1]  # (n,) pair indices, lowest margin first
+    free = ~human[low_first]
+    tail = low_first[free & (rank[low_first] >= regions.knee)]
+    band = low_first[free & (rank[low_first] >= regions.elbow) & (rank[low_first] < regions.knee)]
+    if backoff <= 1.0:
+        return tail[: int(round(backoff * len(tail)))].astype(np.int64)
+    return np.concatenate([tail, band[: int(round((backoff - 1.0) * len(band)))]]).astype(np.int64)
 
 
 # ---------------------------------------------------------------------------------------------- the loop
@@ -347,8 +386,9 @@ def curate(
         strategy (`str`): ``rlthf`` | ``random`` | ``uncertainty`` | ``self`` (module docstring).
         iterations (`int`, defaults to 4) and per_iteration (`int`): rounds and pairs sent per round.
         amplification (`float`, defaults to 5): weight of a human label (= that many copies).
-        backoff (`float`, defaults to 1): share of the un-annotated below-knee pairs dropped (lowest first);
-            rlthf and self only.
+        backoff (`float`, defaults to 1): the back-off ratio in [0, 2] (`backoff_drop`): 0 keeps every pair, 1
+            drops the un-annotated below-knee pairs, 2 also those between the elbow and the knee; rlthf and self
+            only.
         groups (`sequence`, *optional*): a group (prompt) per pair for the cross-fitting folds (default: each pair).
         n_folds (`int`, defaults to 5): cross-fitting folds; l2: RM regularisation.
         smooth, split: the reward-distribution curve (`reward_regions`).
@@ -367,8 +407,8 @@ def curate(
         raise ValueError(f"per_iteration must be an int in [1, {n}] (the pool size), got {per_iteration!r}")
     if not amplification >= 1:
         raise ValueError(f"amplification must be >= 1, got {amplification}")
-    if not 0.0 <= backoff <= 1.0:
-        raise ValueError(f"backoff must be in [0, 1], got {backoff}")
+    if not 0.0 <= backoff <= 2.0:
+        raise ValueError(f"backoff must be in [0, 2], got {backoff}")
     if query_order not in QUERY_ORDERS:
         raise ValueError(f"query_order must be one of {', '.join(QUERY_ORDERS)}, got {query_order!r}")
     groups = list(range(n)) if groups is None else list(groups)
@@ -410,11 +450,7 @@ def curate(
         weights = np.where(human, float(amplification), 1.0)
         n_dropped = 0
         if regions is not None and backoff > 0:
-            rank = regions.rank_of()
-            suspect = np.array(
-                [i for i in regions.order[::-1] if not human[i] and rank[i] >= regions.knee], dtype=np.int64
-            )
-            drop = suspect[: int(round(backoff * len(suspect)))]
+            drop = backoff_drop(regions, human, backoff)
             weights[drop] = 0.0
             n_dropped = len(drop)
         history.append(
