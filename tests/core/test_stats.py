@@ -438,3 +438,67 @@ def test_non_inferiority_between_two_identical_constants_is_inconclusive():
     # a real non-inferiority result still passes
     a = np.r_[np.ones(20), np.zeros(20)]
     assert compare(a, a, direction=">", min_effect=-0.02).status == "supported"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# bootstrap of an arbitrary statistic of rows
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_paired_bootstrap_stat_with_the_mean_is_the_paired_bootstrap():
+    from lmlab.core.stats.uncertainty import paired_bootstrap_stat
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=30), rng.normal(0.2, 1.0, size=30)
+    got = paired_bootstrap_stat(a, b, np.mean, seed=4, n_resamples=500)
+    assert got == pytest.approx(paired_bootstrap_diff(a, b, seed=4, n_resamples=500), abs=1e-12)
+    values, clusters = _correlated()
+    got = paired_bootstrap_stat(values, None, np.mean, seed=2, clusters=clusters)
+    assert got == pytest.approx(bootstrap_ci(values, seed=2, clusters=clusters), abs=1e-12)
+    # one cluster: no spread; a statistic of a system against itself: exactly zero
+    assert paired_bootstrap_stat(values, None, np.mean, clusters=[0] * len(values))[1:] == (np.mean(values),) * 2
+    assert paired_bootstrap_stat(a, a, np.max, seed=1) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="same length"):
+        paired_bootstrap_stat(a, b[:-1], np.mean)
+    with pytest.raises(ValueError, match="non-finite"):
+        paired_bootstrap_stat(np.r_[a[:-1], np.nan], None, np.mean)
+
+
+def _near_tied_worst_objectives(n: int = 40):
+    """Per-example rewards (n, 2) of systems A and B. B's worst objective is 0; A = B shifted by +0.05 on objective 0,
+    and A's objective 1 is independent noise whose mean sits just above A's objective 0: the two near-tie for A's
+    worst objective."""
+    rng = np.random.default_rng(7)
+    b = np.stack([rng.normal(0.0, 1.0, n), rng.normal(2.0, 1.0, n)], -1)
+    a = b.copy()
+    a[:, 0] += 0.05
+    noise = rng.normal(0.0, 1.0, n)
+    a[:, 1] = noise - noise.mean() + a[:, 0].mean() + 0.01
+    return a, b
+
+
+def test_worst_objective_ci_retakes_the_min_in_each_resample():
+    """W = min_k mean_x v[x, k]: the old CI bootstrapped the column fixed at the full-sample argmin, here objective 0
+    for both systems, whose paired difference is the constant 0.05 (CI [0.05, 0.05]). Recomputing the min in each
+    resample lets A's near-tied objective 1 be its worst in about half the resamples: the CI widens and includes
+    W(A) - W(B) values the fixed column excludes."""
+    from lmlab.core.stats.uncertainty import compare_statistic, paired_bootstrap_stat
+
+    def worst(v):
+        return float(v.mean(0).min())
+
+    a, b = _near_tied_worst_objectives()
+    assert np.argmin(a.mean(0)) == np.argmin(b.mean(0)) == 0
+    point, lo_fixed, hi_fixed = paired_bootstrap_diff(a[:, 0], b[:, 0], seed=3)
+    assert point == pytest.approx(0.05) and hi_fixed - lo_fixed < 1e-12  # zero width: the argmin is taken as known
+    w, lo, hi = paired_bootstrap_stat(a, b, worst, seed=3)
+    assert w == pytest.approx(point)
+    assert lo < lo_fixed - 0.1 and hi >= hi_fixed - 1e-12  # the fixed-column CI excludes [lo, 0.05)
+    # the claim "W(A) > W(B)" holds on the fixed column but is inconclusive once the argmin is re-decided
+    assert compare(a[:, 0], b[:, 0], seed=3).status == "supported"
+    cmp = compare_statistic(a, b, worst, seed=3)
+    assert cmp.status == "inconclusive" and cmp.effect == pytest.approx(0.05) and cmp.n == len(a)
+    assert cmp.mean_a == pytest.approx(worst(a)) and cmp.mean_b == pytest.approx(worst(b))
+    # the decision rule is compare's: a clear shift is supported, the system against itself is not
+    assert compare_statistic(a + 1.0, b, worst, seed=3).status == "supported"
+    assert compare_statistic(b, b, worst, seed=3, min_n=1).status == "not_supported"

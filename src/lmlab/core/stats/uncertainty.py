@@ -252,6 +252,90 @@ def paired_bootstrap_diff(
     )
 
 
+def _rows(values: Any, name: str) -> np.ndarray:
+    """A finite float64 array of >= 1 rows (axis 0 = the examples), or a `ValueError`."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim < 1 or arr.shape[0] == 0:
+        raise ValueError(f"{name} must have at least one row (axis 0 = examples), got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        idx = int(np.argmax(~np.isfinite(arr).reshape(arr.shape[0], -1).all(-1)))
+        raise ValueError(f"{name} contains a non-finite value in row {idx}; filter or impute explicitly")
+    return arr
+
+
+def paired_bootstrap_stat(
+    a: Any,
+    b: Any | None,
+    stat: Callable[[np.ndarray], float],
+    *,
+    n_resamples: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    clusters: Any = None,
+) -> tuple[float, float, float]:
+    """Percentile bootstrap CI of ``stat(a) - stat(b)`` (of ``stat(a)`` when `b` is None) for any statistic of rows.
+
+    For statistics that are not a mean of per-example values, such as the worst-objective reward
+    ``W = min_k mean_x v[x, k]`` of per-example vectors v (n, K): each resample draws clusters with replacement,
+    takes all rows of the drawn clusters from `a` and the same rows from `b` (paired: one resampled set of units
+    for both systems), and recomputes `stat` on them, so everything inside `stat` (here the argmin over k) is
+    re-decided in every resample. Bootstrapping a per-example column fixed at the full-sample argmin instead omits
+    that uncertainty and is too narrow when objectives tie.
+
+    The draws are those of `bootstrap_ci` (``rng.integers(0, G, size=(k, G))`` per chunk of `_chunks`), so with
+    ``stat = mean`` over 1-D rows the interval equals `paired_bootstrap_diff` / `bootstrap_ci` (to rounding).
+
+    Args:
+        a: Rows of system A, shape (n, ...) (axis 0 = examples).
+        b: Rows of system B on the same examples in the same order (shape (n, ...)), or None.
+        stat: Statistic of an array of rows (m, ...) returning a float; called once per resample and system.
+        n_resamples: Bootstrap resamples (>= 1).
+        confidence: Two-sided confidence level in (0, 1).
+        seed: Seed of the resampling generator.
+        clusters: Optional cluster id per row (the independent unit): whole clusters are drawn. Default: each row
+            its own unit. With a single cluster the interval has zero width.
+
+    Returns:
+        ``(point, lo, hi)`` with ``point = stat(a) - stat(b)`` (or ``stat(a)``).
+    """
+    a_arr = _rows(a, "a")
+    b_arr = None if b is None else _rows(b, "b")
+    if b_arr is not None and b_arr.shape[0] != a_arr.shape[0]:
+        raise ValueError(
+            f"paired rows must have the same length (same examples, same order): len(a)={a_arr.shape[0]}, "
+            f"len(b)={b_arr.shape[0]}"
+        )
+    _check_confidence(confidence)
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+    n = a_arr.shape[0]
+    codes = np.arange(n) if clusters is None else cluster_codes(clusters, n)
+
+    def value(idx: np.ndarray | slice) -> float:
+        out = float(stat(a_arr[idx]))
+        return out if b_arr is None else out - float(stat(b_arr[idx]))
+
+    point = value(slice(None))
+    g = int(codes.max()) + 1
+    if g == 1:
+        return point, point, point
+    order = np.argsort(codes, kind="stable")  # rows grouped by cluster
+    counts = np.bincount(codes, minlength=g)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    members = [order[s : s + c] for s, c in zip(starts, counts)]  # row indices of each cluster
+    singletons = bool((counts == 1).all())
+    rng = np.random.default_rng(seed)
+    boot = np.empty(n_resamples)
+    i = 0
+    for k in _chunks(n_resamples, g):
+        for draw in rng.integers(0, g, size=(k, g)):
+            boot[i] = value(order[draw] if singletons else np.concatenate([members[d] for d in draw]))
+            i += 1
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(boot, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return point, float(lo), float(hi)
+
+
 def _unpaired_bootstrap_diff(
     a: np.ndarray,
     b: np.ndarray,
@@ -657,6 +741,26 @@ def default_min_n(confidence: float) -> int:
     return max(2, math.ceil(math.log2(2.0 / (1.0 - confidence)) - 1e-12))
 
 
+def _decide(
+    lo: float, hi: float, t: float, direction: Direction, n_eff: int, need: int, confidence: float
+) -> tuple[Status, str]:
+    """`compare`'s decision rule on a CI ``[lo, hi]`` of the effect against the threshold `t`: status and reason."""
+    ci = f"CI [{lo:.4g}, {hi:.4g}] at {confidence:.0%}"
+    if n_eff < need:
+        return "inconclusive", f"only {n_eff} examples (< min_n={need}): too few to decide; {ci}"
+    if direction == ">":
+        if lo > t:
+            return "supported", f"{ci} lies above the threshold {t:.4g}"
+        if hi <= t:
+            return "not_supported", f"{ci} lies at or below the threshold {t:.4g}"
+        return "inconclusive", f"{ci} straddles the threshold {t:.4g}"
+    if hi < t:
+        return "supported", f"{ci} lies below the threshold {t:.4g}"
+    if lo >= t:
+        return "not_supported", f"{ci} lies at or above the threshold {t:.4g}"
+    return "inconclusive", f"{ci} straddles the threshold {t:.4g}"
+
+
 @dataclass(frozen=True)
 class Comparison:
     """Outcome of `compare`: the measured effect, its CI and the claim status computed from them.
@@ -806,23 +910,7 @@ def compare(
         n, n_eff = int(g_a + g_b), int(min(g_a, g_b))
 
     ci = f"CI [{lo:.4g}, {hi:.4g}] at {confidence:.0%}"
-    status: Status
-    if n_eff < need:
-        status, reason = "inconclusive", f"only {n_eff} examples (< min_n={need}): too few to decide; {ci}"
-    elif direction == ">":
-        if lo > t:
-            status, reason = "supported", f"{ci} lies above the threshold {t:.4g}"
-        elif hi <= t:
-            status, reason = "not_supported", f"{ci} lies at or below the threshold {t:.4g}"
-        else:
-            status, reason = "inconclusive", f"{ci} straddles the threshold {t:.4g}"
-    else:
-        if hi < t:
-            status, reason = "supported", f"{ci} lies below the threshold {t:.4g}"
-        elif lo >= t:
-            status, reason = "not_supported", f"{ci} lies at or above the threshold {t:.4g}"
-        else:
-            status, reason = "inconclusive", f"{ci} straddles the threshold {t:.4g}"
+    status, reason = _decide(float(lo), float(hi), t, direction, n_eff, need, confidence)
     lenient = t < 0 if direction == ">" else t > 0  # a non-inferiority claim: a tie passes it
     if status == "supported" and lenient and np.all(a_arr == a_arr[0]) and np.all(b_arr == a_arr[0]):
         # Both systems at one and the same constant (typically both at 0 or both at ceiling): the metric does not
@@ -849,18 +937,73 @@ def compare(
     )
 
 
+def compare_statistic(
+    a: Any,
+    b: Any,
+    stat: Callable[[np.ndarray], float],
+    *,
+    direction: Direction = ">",
+    min_effect: float = 0.0,
+    seed: int = 0,
+    confidence: float = 0.95,
+    n_resamples: int = 2000,
+    min_n: int | None = None,
+    clusters: Any = None,
+) -> Comparison:
+    """`compare` for a statistic that is not a mean of per-example values: the claim ``stat(a) - stat(b)`` beyond
+    `min_effect` in `direction`, paired by example (rows of `a` and `b` are the same units in the same order).
+
+    The CI is `paired_bootstrap_stat` (the statistic recomputed on each resample's rows, one resampled set of units
+    for both systems); the status follows `compare`'s decision rule on it (``n_eff`` = rows, or clusters when
+    clustered). No permutation test: ``p_value`` is NaN. ``mean_a`` / ``mean_b`` hold ``stat(a)`` / ``stat(b)``.
+    """
+    if direction not in (">", "<"):
+        raise ValueError(f"direction must be '>' or '<', got {direction!r}")
+    if not math.isfinite(min_effect):
+        raise ValueError(f"min_effect must be finite, got {min_effect!r}")
+    _check_confidence(confidence)
+    need = default_min_n(confidence) if min_n is None else int(min_n)
+    effect, lo, hi = paired_bootstrap_stat(
+        a, b, stat, n_resamples=n_resamples, confidence=confidence, seed=seed, clusters=clusters
+    )
+    n_rows = int(np.asarray(a).shape[0])
+    n = n_rows if clusters is None else n_clusters(clusters)
+    t = float(min_effect) if direction == ">" else -float(min_effect)
+    status, reason = _decide(lo, hi, t, direction, n, need, confidence)
+    return Comparison(
+        effect=float(effect),
+        ci_low=float(lo),
+        ci_high=float(hi),
+        p_value=float("nan"),
+        n=n,
+        status=status,
+        direction=direction,
+        min_effect=float(min_effect),
+        threshold=t,
+        confidence=float(confidence),
+        paired=True,
+        mean_a=float(stat(np.asarray(a, dtype=np.float64))),
+        mean_b=float(stat(np.asarray(b, dtype=np.float64))),
+        n_a=n_rows,
+        n_b=n_rows,
+        reason=reason,
+    )
+
+
 __all__ = [
     "Comparison",
     "Estimate",
     "bootstrap_ci",
     "cluster_codes",
     "compare",
+    "compare_statistic",
     "default_min_n",
     "kendall",
     "mcnemar",
     "mean_ci",
     "n_clusters",
     "paired_bootstrap_diff",
+    "paired_bootstrap_stat",
     "permutation_test_paired",
     "permutation_test_unpaired",
     "proportion_ci",
