@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,8 +35,14 @@ from lmlab.methods.adaptation.awl.method import (
     sft_steps,
     split_easy_hard,
     tool_example,
+)
+from lmlab.methods.adaptation.awl.metric import (
+    compare_tua,
+    n_for_power,
     tool_usage_accuracy,
-    tool_usage_scores,
+    tool_usage_accuracy_rows,
+    tua_bootstrap_ci,
+    tua_influence,
 )
 
 
@@ -67,9 +74,10 @@ def test_tool_usage_accuracy_on_a_hand_built_table():
     used = [0, 1, 1, 1, 0]
     # P(no tool | easy) = 1/2, P(tool | hard) = 2/3
     assert tool_usage_accuracy(correct, used) == pytest.approx(0.5 * 0.5 + 0.5 * 2 / 3)
-    scores = tool_usage_scores(correct, used)
-    assert sum(scores) / len(scores) == pytest.approx(tool_usage_accuracy(correct, used))
-    assert scores == pytest.approx([5 / 4, 0.0, 5 / 6, 5 / 6, 0.0])
+    # the vectorised form, row by row, with an empty class in the last row
+    tables = np.array([correct, [1, 1, 1, 1, 1]], bool), np.array([used, [0, 1, 0, 0, 0]], bool)
+    rows = tool_usage_accuracy_rows(*tables)
+    assert rows == pytest.approx([0.5 * 0.5 + 0.5 * 2 / 3, 0.8])
 
 
 def test_tool_usage_accuracy_extremes():
@@ -83,11 +91,119 @@ def test_tool_usage_accuracy_extremes():
     assert tool_usage_accuracy([0, 0], [1, 0]) == pytest.approx(0.5)
 
 
+def _fixed_weight_scores(correct, used):
+    """The per-item scores the experiment bootstrapped before: weights n / (2 n_class) fixed from the full sample."""
+    c, u = np.asarray(correct, bool), np.asarray(used, bool)
+    n, n_easy = c.size, int(c.sum())
+    classes = int(n_easy > 0) + int(n_easy < n)  # one class empty: the rate of the other
+    return (c != u) * np.where(c, n / (classes * max(n_easy, 1)), n / (classes * max(n - n_easy, 1)))
+
+
+def test_tua_ci_recomputes_the_class_sizes_per_resample():
+    from lmlab.core.stats.uncertainty import bootstrap_ci
+
+    # every decision right, both classes present: TUA is 1 in every sample (a class that vanishes leaves the rate of
+    # the other, also 1), so its sampling distribution is a point. The fixed weights let the resampled mean drift with
+    # the number of easy copies drawn: a wide interval that even passes 1, the largest TUA there is.
+    correct, used = [1] * 4 + [0] * 16, [0] * 4 + [1] * 16
+    assert tua_bootstrap_ci(correct, used, seed=3) == (1.0, 1.0, 1.0)
+    _, lo, hi = bootstrap_ci(_fixed_weight_scores(correct, used), seed=3)
+    assert hi > 1.2 and lo < 0.8
+    # each resample's TUA is the formula on the drawn items (same draws: default_rng(seed), one row per resample)
+    correct, used = [1, 1, 0, 0, 0, 1, 0, 0, 1, 0], [0, 1, 1, 1, 0, 0, 1, 0, 0, 1]
+    draws = np.random.default_rng(5).integers(0, 10, size=(200, 10))
+    boot = [tool_usage_accuracy([correct[i] for i in row], [used[i] for i in row]) for row in draws]
+    point, lo, hi = tua_bootstrap_ci(correct, used, n_resamples=200, seed=5)
+    assert point == pytest.approx(tool_usage_accuracy(correct, used))
+    assert (lo, hi) == pytest.approx(tuple(np.quantile(boot, [0.025, 0.975])))
+
+
+def test_tua_ci_covers_where_the_fixed_weights_do_not():
+    from lmlab.core.stats.uncertainty import bootstrap_ci
+
+    # population: 3 of 30 items easy (one answered directly), every hard item with the tool; TUA = ½ · 1/3 + ½ = 2/3.
+    # Samples of 30 items from it: the recomputed 95% CI covers 2/3 far more often than the fixed-weight one, whose
+    # weights freeze a class size that varies from sample to sample (measured 0.86 vs 0.66 at these seeds)
+    pop_c, pop_u = np.array([1] * 3 + [0] * 27, bool), np.array([0, 1, 1] + [1] * 27, bool)
+    truth = tool_usage_accuracy(pop_c, pop_u)
+    rng = np.random.default_rng(0)
+    hits_new = hits_old = 0
+    sims = 150
+    for s in range(sims):
+        i = rng.integers(0, 30, 30)
+        _, lo, hi = tua_bootstrap_ci(pop_c[i], pop_u[i], seed=s)
+        hits_new += lo <= truth <= hi
+        _, lo, hi = bootstrap_ci(_fixed_weight_scores(pop_c[i], pop_u[i]), seed=s)
+        hits_old += lo <= truth <= hi
+    assert hits_new / sims > 0.8 and hits_old / sims < 0.75
+
+
+def test_compare_tua_pairs_the_items_and_decides_like_compare():
+    perfect_c, perfect_u = [1] * 8 + [0] * 12, [0] * 8 + [1] * 12
+    never_c, never_u = [1] * 6 + [0] * 14, [0] * 20  # never calls a tool: TUA 0.5 in every resample
+    r = compare_tua(perfect_c, perfect_u, never_c, never_u, seed=1)
+    assert (r.effect, r.ci_low, r.ci_high, r.status) == (0.5, 0.5, 0.5, "supported") and r.n == 20
+    assert r.p_value < 0.01 and r.mean_a == 1.0 and r.mean_b == 0.5
+    assert compare_tua(never_c, never_u, perfect_c, perfect_u, direction="<", seed=1).status == "supported"
+    assert compare_tua(never_c, never_u, perfect_c, perfect_u, seed=1).status == "not_supported"
+    # the same items for both systems: identical records differ by exactly 0 in every resample
+    same = compare_tua(perfect_c, never_u, perfect_c, never_u, seed=2)
+    assert (same.ci_low, same.ci_high, same.status, same.p_value) == (0.0, 0.0, "not_supported", 1.0)
+    assert compare_tua(perfect_c[:4], perfect_u[:4], never_c[:4], never_u[:4]).status == "inconclusive"  # < min_n
+    with pytest.raises(ValueError, match="same items: got 20 for A and 4 for B"):
+        compare_tua(perfect_c, perfect_u, never_c[:4], never_u[:4])
+
+
+def test_experiment_records_tua_and_its_claims_with_the_recomputed_bootstrap():
+    from lmlab.config import build_config
+    from lmlab.core.stats.seeding import derive_seed
+    from lmlab.methods.adaptation.awl import SPEC
+    from lmlab.methods.adaptation.awl.experiment import _power, _record_tua, _tua_claims
+    from lmlab.runner import RunContext
+
+    cfg = build_config(SPEC.config_class(), {"model": "tiny-llama"})
+    ctx = RunContext(SPEC, cfg, show_progress=False)
+    perfect_c, perfect_u = [1.0] * 8 + [0.0] * 12, [0.0] * 8 + [1.0] * 12
+    always_c = [1.0] * 5 + [0.0] * 15
+    per_item = {"awl": {"acc_no_tools": perfect_c, "tool_call_rate": perfect_u},
+                "tool_only": {"acc_no_tools": always_c, "tool_call_rate": [1.0] * 20}}  # fmt: skip
+    _record_tua(ctx, cfg, ["awl", "tool_only"], per_item)
+    row = {m.system: m for m in ctx.metrics if m.metric == "tool_usage_acc"}
+    assert (row["awl"].value, row["awl"].ci_low, row["awl"].ci_high, row["awl"].n) == (1.0, 1.0, 1.0, 20)
+    assert (row["tool_only"].ci_low, row["tool_only"].ci_high) == (0.5, 0.5)
+    (claim,) = _tua_claims(cfg, ["awl", "tool_only"], per_item)
+    ref = compare_tua(perfect_c, perfect_u, always_c, [1.0] * 20,
+                      seed=derive_seed(cfg.seed, "claim", "awl", "tool_only", "tool_usage_acc"))  # fmt: skip
+    got = (claim.metric, claim.baseline, claim.status, claim.null_status)
+    assert got == ("tool_usage_acc", "tool_only", "supported", "not_supported")
+    assert claim.ci == (ref.ci_low, ref.ci_high) == (0.5, 0.5) and claim.gate
+    power = _power(["awl", "tool_only"], per_item)
+    assert power["tool_usage_acc:awl>tool_only"] == {"effect": 0.1272, "effect_from": "paper (vs base)",
+                                                     "sd_per_item": 0.0, "n_needed": 6, "n_has": 20}  # fmt: skip
+    assert power["tool_call_rate:awl<tool_only"]["effect"] == -0.4  # 12 / 20 calls against 20 / 20
+
+
+def test_tua_influence_gives_the_bootstrap_spread_and_n_for_power():
+    rng = np.random.default_rng(0)
+    correct = rng.random(400) < 0.35
+    used = np.where(correct, rng.random(400) < 0.36, rng.random(400) < 0.69)  # p_easy 0.64, p_hard 0.69
+    inf = tua_influence(correct, used)
+    assert abs(inf.mean()) < 1e-12
+    _, lo, hi = tua_bootstrap_ci(correct, used, n_resamples=2000, seed=0)
+    assert inf.std() / np.sqrt(400) == pytest.approx((hi - lo) / (2 * 1.96), rel=0.1)
+    # one class empty: the influence of a plain rate
+    assert tua_influence([1, 1, 1, 1], [0, 0, 0, 1]) == pytest.approx([0.25, 0.25, 0.25, -0.75])
+    # (z_.975 + z_.8)² · sd² / effect² = 7.849 · 0.25 / 0.1272² = 121.3 -> 122 items
+    assert n_for_power(0.5, 0.1272) == 122 and n_for_power(0.0, 0.1) == 0
+    with pytest.raises(ValueError, match="effect must be non-zero"):
+        n_for_power(0.5, 0.0)
+
+
 def test_metric_and_split_bad_input():
     with pytest.raises(ValueError, match="got 2 no-tool correctness flags but 3 tool-use flags"):
         tool_usage_accuracy([1, 0], [1, 0, 1])
     with pytest.raises(ValueError, match="no records"):
-        tool_usage_scores([], [])
+        tool_usage_accuracy([], [])
     with pytest.raises(ValueError, match="got 2 problems but 1 correctness flags"):
         split_easy_hard(["a", "b"], [True])
     assert split_easy_hard(["a", "b", "c"], [True, False, 1.0]) == ([0, 2], [1])

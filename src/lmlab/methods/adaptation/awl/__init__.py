@@ -56,6 +56,7 @@ SPEC = register_method(
 __getattr__, _LAZY = lazy_exports(
     __name__,
     method="__all__",
+    metric="__all__",
 )
 
 __all__ = ["SPEC", *_LAZY]

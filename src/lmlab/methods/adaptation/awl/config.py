@@ -40,7 +40,7 @@ class AWLConfig(BaseConfig):
     domains: list = param(list(DOMAINS), "tool domains among " + ", ".join(DOMAINS),
                           paper="Mujoco, PDE, Climate, Epidemiology, MATH, SciBench")  # fmt: skip
     n_train: int = param(40, "training problems per domain", paper="dataset-sized [verify]")
-    n_test: int = param(20, "held-out test problems per domain")
+    n_test: int = param(32, "held-out test problems per domain (the claims' unit)", paper="dataset-sized [verify]")
     systems: list = param(list(SYSTEMS), "systems evaluated, among " + ", ".join(SYSTEMS),
                           paper="base, WKL only, tool-trace SFT, AWL")  # fmt: skip
     stage1_steps: int = param(20, "WKL SFT steps", paper="2 epochs")

@@ -22,11 +22,14 @@ Evaluation (held-out test items are the unit, paired across systems): each syste
 tools (greedy) and with tools (ReAct decoding: a turn stops at ``Observation:``; a tool call is executed through
 lmlab's tools and the model continues, <= `max_turns` turns). Test easy / hard is each system's own no-tool
 correctness. Metrics: no-tool and tool-available answer accuracy, tool-call rate, and tool-usage accuracy
-TUA = ½ P(no tool | easy) + ½ P(tool | hard), recorded per item with the weights that make its mean the TUA.
+TUA = ½ P(no tool | easy) + ½ P(tool | hard). TUA is a ratio (its class sizes are random), so its CIs and claims
+resample the items' (no-tool correct, used tool) records and recompute each system's easy / hard counts and TUA on the
+drawn items (`metric.tua_bootstrap_ci`, `metric.compare_tua`), not a mean of per-item scores with fixed weights.
 
 Claims (gated): TUA of AWL above base, WKL and tool-only; no-tool accuracy of AWL above base; tool-call rate of AWL
 below tool-only. Reported: tool-available accuracy of AWL vs tool-only and vs base, no-tool accuracy of WKL vs base
-(world knowledge learnt from tool-derived solutions).
+(world knowledge learnt from tool-derived solutions). The ``power`` flag gives, per gated check, the items it needs to
+find the paper's effect with 80% power (from this run's per-item spread) and the items it has.
 """
 
 from __future__ import annotations
@@ -45,16 +48,25 @@ from lmlab.methods.adaptation.awl.method import (
     problem_from_example,
     render_prompt,
     run_with_tools,
-    tool_usage_accuracy,
-    tool_usage_scores,
     train_awl,
     train_tool_only,
 )
-from lmlab.results import Claim
+from lmlab.methods.adaptation.awl.metric import (
+    compare_tua,
+    n_for_power,
+    tool_usage_accuracy,
+    tua_bootstrap_ci,
+    tua_influence,
+)
+from lmlab.results import Claim, ClaimResult, MetricRow
 
 # (task, digits) of the arithmetic domain: easy (1-digit add / sub) to hard (3-digit products)
 ARITH_MIX: tuple[tuple[str, int], ...] = (("add", 1), ("sub", 1), ("add", 2), ("mul", 2), ("mul", 3))
 DOMAIN_TOOLS = {"arithmetic": "calculator", "geography": "lookup"}
+# the paper's gains over the base model [abstract], the effects the power statement is sized for
+PAPER_TUA_GAIN = 0.1272  # +12.72% tool-usage accuracy
+PAPER_ACC_GAIN = 0.2911  # +29.11% answer accuracy
+TUA_BASELINES = (("tool_only", "tool-only SFT"), ("wkl", "WKL (stage 1) alone"), ("base", "the base model"))
 
 
 def build_problems(ctx: Any, cfg: Any, split: str, n: int) -> list[Problem]:
@@ -162,8 +174,7 @@ def run(cfg: Any, ctx: Any) -> Any:
         acc_nt = [_grade(p.example, extract_answer(a)) for p, a in zip(test, plain)]
         acc_t = [_grade(p.example, tr.answer) for p, tr in zip(test, traces)]
         used = [float(tr.used_tool) for tr in traces]
-        per_item[system] = {"acc_no_tools": acc_nt, "acc_tools": acc_t, "tool_call_rate": used,
-                            "tool_usage_acc": tool_usage_scores(acc_nt, used)}  # fmt: skip
+        per_item[system] = {"acc_no_tools": acc_nt, "acc_tools": acc_t, "tool_call_rate": used}
         for i, p in enumerate(test):
             samples.append({"system": system, "id": p.id, "domain": p.domain, "difficulty": p.difficulty,
                             "question": p.question, "gold": p.answer, "no_tools": plain[i],
@@ -173,16 +184,12 @@ def run(cfg: Any, ctx: Any) -> Any:
 
     notes = {"acc_no_tools": "answer correct without tools (greedy), per held-out item",
              "acc_tools": "answer correct with tools offered (ReAct, tools executed), per held-out item",
-             "tool_call_rate": "first action is a tool call (tools offered), per held-out item",
-             "tool_usage_acc": "per-item weights n/(2 n_class): the mean is ½P(no tool|easy) + ½P(tool|hard), easy = "
-                               "the system's own no-tool correctness"}  # fmt: skip
+             "tool_call_rate": "first action is a tool call (tools offered), per held-out item"}  # fmt: skip
     for system in systems:
         for metric, vals in per_item[system].items():
             ctx.record(system, metric, vals, note=notes[metric])
-        acc_nt = per_item[system]["acc_no_tools"]
-        tua = tool_usage_accuracy(acc_nt, per_item[system]["tool_call_rate"])
-        if abs(tua - float(np.mean(per_item[system]["tool_usage_acc"]))) > 1e-9:  # the per-item weights' contract
-            raise RuntimeError(f"{system}: per-item tool-usage scores do not average to the TUA ({tua})")
+    _record_tua(ctx, cfg, systems, per_item)
+    ctx.flag("power", _power(systems, per_item))
     _tables(ctx, systems, per_item, test)
     for name, ls in losses.items():
         ctx.record_value(name, "sft_loss_last", ls[-1], note="loss of the last SFT step")
@@ -197,7 +204,73 @@ def run(cfg: Any, ctx: Any) -> Any:
         f"{cfg.stage1_steps + cfg.stage2_steps}), lr {cfg.lr} cosine; greedy, <= {cfg.max_new_tokens} tokens per "
         f"turn, <= {cfg.max_turns} turns; tools: {', '.join(tools.names)} (lmlab.core.execution.tools)."
     )
-    return ctx.finish(_claims(systems))
+    result = ctx.finish(_claims(systems))
+    result.claims[:0] = _tua_claims(cfg, systems, per_item)  # first: the headline is the first gated check
+    return result
+
+
+def _record_tua(ctx: Any, cfg: Any, systems: Sequence[str], per_item: dict[str, dict[str, list[float]]]) -> None:
+    """Each system's TUA row, its CI from `tua_bootstrap_ci` (items resampled, easy / hard counts and TUA recomputed
+    per resample). TUA is not a mean of per-item values, so the row is built here rather than by ``ctx.record``."""
+    from lmlab.core.stats.seeding import derive_seed
+
+    for system in systems:
+        acc_nt, used = per_item[system]["acc_no_tools"], per_item[system]["tool_call_rate"]
+        tua, lo, hi = tua_bootstrap_ci(acc_nt, used, seed=derive_seed(cfg.seed, system, "tool_usage_acc"))
+        ctx.metrics.append(MetricRow(system, "tool_usage_acc", tua, lo, hi, len(acc_nt), cfg.seed,
+                                     note="½P(no tool|easy) + ½P(tool|hard), easy = the system's own no-tool "
+                                     "correctness; CI: items resampled, TUA recomputed"))  # fmt: skip
+
+
+def _tua_claims(cfg: Any, systems: Sequence[str], per_item: dict[str, dict[str, list[float]]]) -> list[ClaimResult]:
+    """TUA of AWL above each baseline, by `compare_tua`: both systems' TUA recomputed on the same resampled items
+    (``ctx.finish`` compares means of per-item values, which TUA is not). `null_status`: the baseline against itself
+    (its CI is [0, 0], so the check cannot hold)."""
+    from lmlab.core.stats.seeding import derive_seed
+
+    out = []
+    rec = {s: (per_item[s]["acc_no_tools"], per_item[s]["tool_call_rate"]) for s in systems}
+    for b, why in TUA_BASELINES:
+        if b not in systems:
+            continue
+        seed = derive_seed(cfg.seed, "claim", "awl", b, "tool_usage_acc")
+        cmp = compare_tua(*rec["awl"], *rec[b], direction=">", seed=seed)
+        null = compare_tua(*rec[b], *rec[b], direction=">", seed=seed, min_n=1)
+        out.append(ClaimResult(text=f"balanced tool-usage accuracy: AWL above {why} (per test item)",
+                               metric="tool_usage_acc", method="awl", baseline=b, direction=">", min_effect=0.0,
+                               method_value=cmp.mean_a, baseline_value=cmp.mean_b, observed_effect=cmp.effect,
+                               ci=(cmp.ci_low, cmp.ci_high), p_value=cmp.p_value, n=cmp.n, status=cmp.status,
+                               reason=cmp.reason, gate=True, null_status=null.status))  # fmt: skip
+    return out
+
+
+def _power(systems: Sequence[str], per_item: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Any]]:
+    """Per gated check: the items it needs to find the paper's effect with 80% power at the CI's 95% (normal
+    approximation; the per-item spread is this run's: TUA's delta-method influence values, or the paired
+    differences) and the items it has. The paper gives no effect for the tool-call rate: sized for this run's."""
+    from lmlab.core.stats.uncertainty import default_min_n
+
+    n = len(per_item["awl"]["acc_no_tools"])
+    out: dict[str, dict[str, Any]] = {}
+
+    def row(sd: float, effect: float, source: str) -> dict[str, Any]:
+        # no check decides below `compare`'s min_n (6 at 95%), whatever the spread
+        need = max(n_for_power(sd, effect), default_min_n(0.95)) if effect else None
+        return {"effect": round(effect, 4), "effect_from": source, "sd_per_item": round(sd, 4), "n_needed": need,
+                "n_has": n}  # fmt: skip
+
+    inf_awl = tua_influence(per_item["awl"]["acc_no_tools"], per_item["awl"]["tool_call_rate"])
+    for b, _ in TUA_BASELINES:
+        if b in systems:
+            inf_b = tua_influence(per_item[b]["acc_no_tools"], per_item[b]["tool_call_rate"])
+            out[f"tool_usage_acc:awl>{b}"] = row(float(np.std(inf_awl - inf_b)), PAPER_TUA_GAIN, "paper (vs base)")
+    if "base" in systems:
+        d = np.subtract(per_item["awl"]["acc_no_tools"], per_item["base"]["acc_no_tools"])
+        out["acc_no_tools:awl>base"] = row(float(np.std(d)), PAPER_ACC_GAIN, "paper (answer accuracy vs base)")
+    if "tool_only" in systems:
+        d = np.subtract(per_item["awl"]["tool_call_rate"], per_item["tool_only"]["tool_call_rate"])
+        out["tool_call_rate:awl<tool_only"] = row(float(np.std(d)), float(np.mean(d)), "this run (paper: none)")
+    return out
 
 
 def _tables(ctx: Any, systems: Sequence[str], per_item: dict[str, dict[str, list[float]]],
@@ -223,11 +296,8 @@ def _tables(ctx: Any, systems: Sequence[str], per_item: dict[str, dict[str, list
 
 
 def _claims(systems: Sequence[str]) -> list[Claim]:
+    """The checks on means of per-item values (``ctx.finish``); the TUA checks are `_tua_claims`."""
     claims = []
-    for b, why in (("tool_only", "tool-only SFT"), ("wkl", "WKL (stage 1) alone"), ("base", "the base model")):
-        if b in systems:
-            claims.append(Claim("tool_usage_acc", "awl", b, ">",
-                                text=f"balanced tool-usage accuracy: AWL above {why} (per test item)"))  # fmt: skip
     if "base" in systems:
         claims.append(Claim("acc_no_tools", "awl", "base", ">",
                             text="no-tool answer accuracy: AWL above the base model (knowledge learnt)"))  # fmt: skip

@@ -9,7 +9,7 @@ Paper: Lyu et al., *Adapting While Learning: Grounding LLMs for Scientific Probl
                      implemented by mixing data (the README's "mixed loss", Eqs. 5-6), the minority of {easy, hard}
                      repeated len(major) // len(minor) times, starting from the stage-1 weights θ1
     tool-usage acc:  TUA = ½ · P(no tool | easy) + ½ · P(tool | hard),  easy/hard by the *evaluated* model's own
-                     no-tool correctness on each test item (``Climate/evaluate.py``)
+                     no-tool correctness on each test item (``Climate/evaluate.py``; `metric`, with its CIs)
 
 Traces are ReAct-style text (SmolLM2's chat template has no tool schema): ``Action: calculator[12*37]`` /
 ``Observation: 444`` / ``Answer: 444`` for a tool call, ``Action: answer_question`` then the solution for a direct
@@ -18,7 +18,7 @@ answer. Tools run through `lmlab.core.execution.tools` (an AST-whitelisted calcu
 Observations are inputs, not targets: the loss covers the model's own tokens only (the climate code rewrites the
 tool role to ``user`` for the same reason).
 
-This module is pure: data builders, the trace parser, the metric, the SFT step loop over a cached frozen trunk
+This module is pure: data builders, the trace parser, the SFT step loop over a cached frozen trunk
 (`lmlab.core.training.partial`, `lmlab.core.training.lora`) and the batched tool-using decoder; no I/O, no printing.
 """
 
@@ -266,41 +266,6 @@ def extract_answer(text: str) -> str:
     if "Answer:" not in text:
         return text.strip()
     return text.rsplit("Answer:", 1)[1].strip().split("\n", 1)[0].strip()
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# the metric
-
-
-def _check_records(no_tool_correct: Sequence[Any], used_tool: Sequence[Any]) -> tuple[list[bool], list[bool]]:
-    c, u = [bool(x) for x in no_tool_correct], [bool(x) for x in used_tool]
-    if len(c) != len(u):
-        raise ValueError(f"got {len(c)} no-tool correctness flags but {len(u)} tool-use flags; expected one each")
-    if not c:
-        raise ValueError("no records: tool-usage accuracy needs at least one item")
-    return c, u
-
-
-def tool_usage_accuracy(no_tool_correct: Sequence[Any], used_tool: Sequence[Any]) -> float:
-    """TUA = ½ · P(no tool | easy) + ½ · P(tool | hard), easy = answered correctly without tools.
-
-    With one class empty (every item easy, or every item hard) the mean is over the class present.
-    """
-    return float(sum(tool_usage_scores(no_tool_correct, used_tool)) / len(no_tool_correct))
-
-
-def tool_usage_scores(no_tool_correct: Sequence[Any], used_tool: Sequence[Any]) -> list[float]:
-    """Per-item values whose mean is `tool_usage_accuracy`: a right decision on an easy item scores
-    ``n / (2 n_easy)``, on a hard item ``n / (2 n_hard)`` (so items can be paired and resampled)."""
-    c, u = _check_records(no_tool_correct, used_tool)
-    n, n_easy = len(c), sum(c)
-    n_hard = n - n_easy
-    classes = (n_easy > 0) + (n_hard > 0)
-    out = []
-    for easy, used in zip(c, u):
-        right = (not used) if easy else used
-        out.append(float(right) * n / (classes * (n_easy if easy else n_hard)))
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -730,8 +695,6 @@ __all__ = [
     "split_easy_hard",
     "system_prompt",
     "tool_example",
-    "tool_usage_accuracy",
-    "tool_usage_scores",
     "train_awl",
     "train_tool_only",
     "wkl_example",
