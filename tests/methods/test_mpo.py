@@ -177,7 +177,8 @@ def test_config_rejects_out_of_range_knobs():
 
     bad = (("n_train", 0, "n_train"), ("n_candidates", 1, "n_candidates"), ("eta", 0.0, "eta"),
            ("k_layers", 0, "k_layers"), ("p_wrong", 1.5, "p_wrong"), ("sampler", "x", "sampler must be one of"),
-           ("maxmin_tol", 0.0, "maxmin_tol"), ("md_schedule", "cosine", "md_schedule"))  # fmt: skip
+           ("maxmin_tol", 0.0, "maxmin_tol"), ("md_schedule", "cosine", "md_schedule"),
+           ("gen_samples", 0, "gen_samples"), ("gen_temperature", 0.0, "gen_temperature"))  # fmt: skip
     for field, value, msg in bad:
         with pytest.raises(ValueError, match=msg):
             MPOConfig(**{field: value})
@@ -340,6 +341,53 @@ def test_mixture_generate_is_exact_at_the_vertices_and_mixes_log_probs(tiny_llam
         M.mixture_generate([tiny_llama, other], tiny_tokenizer, prompts, [0.5, 0.6])
 
 
+# ------------------------------------------------------------------------------------------- the experiment
+
+
+def _near_tied(n: int = 40):
+    """Per-prompt objective rewards (n, 3) of systems A and B: B's worst objective is `correct` (column 0); A is B
+    shifted by +0.05 on it, and A's `concise` (column 1) is independent noise whose mean sits 0.01 above A's
+    `correct`, so the two near-tie for A's worst objective. On the full sample both systems' worst is column 0."""
+    rng = np.random.default_rng(7)
+    b = np.stack([rng.normal(0.0, 1.0, n), rng.normal(2.0, 1.0, n), rng.normal(2.0, 1.0, n)], -1)
+    a = b.copy()
+    a[:, 0] += 0.05
+    noise = rng.normal(0.0, 1.0, n)
+    a[:, 1] = noise - noise.mean() + a[:, 0].mean() + 0.01
+    return a, b
+
+
+def test_worst_reward_claims_retake_the_argmin_in_each_resample():
+    """W = min_k mean_x E[z_k] is not a mean of per-prompt values. The old check bootstrapped the per-prompt column
+    of the full-sample worst objective: here the constant difference 0.05, CI [0.05, 0.05], "holds". Re-taking the
+    min in every paired resample lets A's near-tied `concise` be its worst in part of them: the CI includes the
+    values below 0.05 that the fixed column excludes, and the check is inconclusive."""
+    from lmlab.core.stats.uncertainty import compare
+    from lmlab.methods.alignment.mpo import experiment as E
+    from lmlab.methods.alignment.mpo.config import MPOConfig
+    from lmlab.registry import get_method
+    from lmlab.results import Claim
+    from lmlab.runner import RunContext
+
+    a, b = _near_tied()
+    ids = [f"p{i}" for i in range(len(a))]
+    ctx = RunContext(get_method("mpo"), MPOConfig(), show_progress=False)
+    E._record_system(ctx, "a", a, ids)
+    E._record_system(ctx, "b", b, ids)
+    fixed = compare(a[:, 0], b[:, 0], clusters=ids, seed=0)  # the old check: the worst column fixed
+    assert fixed.status == "supported" and fixed.ci_high - fixed.ci_low < 1e-12
+    claims = [Claim("worst_reward", "a", "b", ">"), Claim("reward_correct", "a", "b", ">")]
+    w, mean = E._finish(ctx, claims).claims
+    assert w.observed_effect == pytest.approx(0.05) and w.n == len(a)
+    assert w.status == "inconclusive" and w.ci[0] < fixed.ci_low - 0.1 and w.ci[1] >= fixed.ci_high - 1e-12
+    assert w.null_status == "not_supported"  # the baseline against itself: W difference 0, CI [0, 0]
+    assert mean.metric == "reward_correct" and mean.status == "supported"  # mean claims keep compare's check
+    # the W row's CI is W's own bootstrap too: wider than the fixed column's
+    row = next(m for m in ctx.metrics if (m.system, m.metric) == ("a", "worst_reward"))
+    col = next(m for m in ctx.metrics if (m.system, m.metric) == ("a", "reward_correct"))
+    assert row.value == pytest.approx(a.mean(0).min()) and row.ci_low < col.ci_low - 0.02
+
+
 def test_run_rejects_too_many_trainable_blocks():
     from lmlab.runner import run_method
 
@@ -362,3 +410,49 @@ def test_run_reports_the_exact_maxmin_check_and_records_it_as_a_mechanism():
     gated = {c.baseline for c in res.claims if c.gate}
     assert {"uniform", "single_correct", "single_concise", "single_detail"} <= gated
     assert "maxmin_opt" not in gated and not any(c.method.startswith("dpo_") for c in res.claims)
+
+
+def test_run_gates_that_training_moved_the_policies_and_samples_generations(monkeypatch):
+    """Level 2 opens with the gate "training moved each policy" (own objective against pi_ref, held-out candidates),
+    every level's table has the untrained row, generations are sampled (a prompt's samples differ; greedy wrote the
+    same text for every mixture), and each W claim is the paired bootstrap of W re-taken per resample on the
+    recorded per-objective rewards (per-sample rows clustered by prompt in generation)."""
+    from lmlab.core.stats.seeding import derive_seed
+    from lmlab.core.stats.uncertainty import compare_statistic
+    from lmlab.runner import RunContext, run_method
+
+    seen = {}
+    finish = RunContext.finish
+
+    def spy(self, claims, **kw):
+        seen["ctx"] = self
+        return finish(self, claims, **kw)
+
+    monkeypatch.setattr(RunContext, "finish", spy)
+    res = run_method("mpo", preset="smoke", model="tiny-llama", write=False, show_progress=False, raise_errors=True,
+                     threads=1, gen_samples=3)  # fmt: skip
+    ctx = seen["ctx"]
+    texts = [c.text for c in res.claims]
+    trained = [i for i, t in enumerate(texts) if t.startswith("trained:")]
+    moved = [i for i, t in enumerate(texts) if t.startswith("trained: training moved the policy")]
+    assert len(moved) == 3 and moved == trained[:3]
+    for i, o in zip(moved, ("correct", "concise", "detail"), strict=True):
+        c = res.claims[i]
+        assert c.gate and (c.metric, c.method, c.baseline) == (f"reward_{o}", f"dpo_single_{o}", "reference")
+    table = res.tables["systems"]
+    for level in ("exact", "trained", "generation"):
+        assert {"reference", "gen_reference"} & {r["system"] for r in table if r["level"] == level}, level
+    assert all(r["kl_ref"] == 0 for r in table if r["system"] == "reference")
+    gens = res.tables["generations"]
+    assert len(gens) == 2 * 3 and [g["sample"] for g in gens] == [0, 1, 2] * 2
+    assert any(len({g["gen_reference"] for g in gens if g["id"] == pid}) > 1 for pid in {g["id"] for g in gens})
+    assert len(ctx.values("gen_mpo", "reward_correct")) == 6  # one row per sample, clustered by prompt
+    assert len(set(ctx.clusters("gen_mpo", "reward_correct"))) == 2
+    objectives = ("correct", "concise", "detail")
+    for c in (c for c in res.claims if c.metric == "worst_reward"):
+        a = np.stack([ctx.values(c.method, f"reward_{o}") for o in objectives], -1)
+        b = np.stack([ctx.values(c.baseline, f"reward_{o}") for o in objectives], -1)
+        ids = ctx.clusters(c.method, "reward_correct")
+        seed = derive_seed(res.config["seed"], "claim", c.method, c.baseline, c.metric)
+        want = compare_statistic(a, b, lambda v: float(v.mean(0).min()), clusters=ids, seed=seed)
+        assert c.ci == (want.ci_low, want.ci_high) and c.status == want.status and c.p_value is None, c.text

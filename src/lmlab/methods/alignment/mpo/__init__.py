@@ -33,6 +33,7 @@ SPEC = register_method(
                 "dpo_pairs": 2,
                 "group_prompts": 3,
                 "gen_prompts": 2,
+                "gen_samples": 2,
                 "max_new_tokens": 4,
             },
             "quick": {

@@ -20,8 +20,10 @@ class MPOConfig(BaseConfig):
        the exact ``pi_k ∝ pi_ref exp(z_k / beta)``; MPO's weights against the exact MaxMin optimum (cutting-plane
        LPs), uniform weights, each single policy and the probability mixture;
     2. trained (`train_policies`): one DPO policy per objective on the frozen trunk's top `k_layers` blocks;
-       MPO's mixture against uniform weights, each single policy and the reward soup (parameter averaging), on the
-       held-out candidate sets and (`gen_prompts` > 0) in free generation with token-level mixing.
+       a gate that training moved each policy (its own objective's expected reward on the held-out candidates above
+       pi_ref's); MPO's mixture against uniform weights, each single policy and the reward soup (parameter
+       averaging), on the held-out candidate sets and (`gen_prompts` > 0) in sampled free generation with
+       token-level mixing (reported only).
 
     Args:
         n_train (`int`, defaults to 32): train prompts (weight search, DPO data, z-normalisation statistics).
@@ -45,6 +47,9 @@ class MPOConfig(BaseConfig):
         reward_signal (`str`, defaults to ``"true"``): rewards of level 2's weight search: the rule rewards of the
             candidates, or the policies' implicit rewards ``dpo_beta log(pi_k / pi_ref)`` (also run as ablation).
         gen_prompts (`int`, defaults to 16): held-out prompts decoded with token-level mixing (0: skip).
+        gen_samples (`int`, defaults to 4): samples per generation prompt, the same generator seeds in every system.
+        gen_temperature (`float`, defaults to 1.0): sampling temperature of the generations (1: the mixture's own
+            distribution; greedy decoding is not offered: it left the compared systems' texts identical).
         chat (`bool`, defaults to False): wrap prompts in the chat template (costs ~30 tokens per sequence).
         ref_score (`str`, defaults to ``"mean"``): a policy's distribution over a prompt's candidates is
             ``softmax(score / score_temperature)`` with score the mean token log-prob (``"sum"``: the sequence
@@ -74,6 +79,8 @@ class MPOConfig(BaseConfig):
     group_prompts: int = param(4, "prompts per cached training / scoring group")
     reward_signal: str = param("true", "level-2 weight-search rewards", choices=("true", "implicit"))
     gen_prompts: int = param(16, "held-out prompts decoded with token-level mixing (0: skip)")
+    gen_samples: int = param(4, "samples per generation prompt (same seeds for every system)")
+    gen_temperature: float = param(1.0, "sampling temperature of the generations")
     chat: bool = param(False, "wrap prompts in the chat template")
     ref_score: str = param("mean", "candidate-set log-score of a policy: mean or summed token log-prob",
                            paper="sequence log-prob (sum)", choices=("mean", "sum"))  # fmt: skip
@@ -98,4 +105,6 @@ class MPOConfig(BaseConfig):
         check_range("dpo_pairs", self.dpo_pairs, 1)
         check_range("group_prompts", self.group_prompts, 1)
         check_range("gen_prompts", self.gen_prompts, 0)
+        check_range("gen_samples", self.gen_samples, 1)
+        check_range("gen_temperature", self.gen_temperature, 0.0, open_lo=True)
         check_range("score_temperature", self.score_temperature, 0.0, open_lo=True)

@@ -14,17 +14,22 @@ the frozen trunk (`lmlab.core.training.partial.FrozenTrunk`, whose reference top
    train candidates labelled by that objective). MPO's weights from the policies' log-linear mixture on the train
    candidates; on the held-out candidates: MPO, uniform, each single policy, and reward soups (the parameter
    average of the trained blocks) with MPO's weights, uniform weights and weights tuned by a simplex grid on the
-   train prompts (the soup's knob gets its own search). Free generation on `gen_prompts` held-out prompts with
-   token-level mixing (`mixture_generate`), graded by the same rules.
+   train prompts (the soup's knob gets its own search); pi_ref's row beside them. Sampled free generation on
+   `gen_prompts` held-out prompts x `gen_samples` samples (the same seeds for every system, the untrained model
+   included) with token-level mixing (`mixture_generate`), graded by the same rules.
 
-Metric: the worst-objective reward ``W(pi) = min_k mean_x E_pi[z_k]`` on the held-out prompts, recorded per prompt
-as the reward of the system's own worst objective (so its mean is W; paired by prompt, the independent unit).
+Metric: the worst-objective reward ``W(pi) = min_k mean_x E_pi[z_k]`` on the held-out prompts. Each system records
+its per-prompt (generation: per-sample) objective rewards, clustered by prompt (the independent unit); W's CI and
+every W claim are paired cluster bootstraps of W itself, min_k re-taken in each resample (`_worst_claim`), so the
+uncertainty of which objective is worst is in the interval.
 
-Claim checks (computed): W(MPO) > W(uniform) and > W(each single policy) at both levels, > W(tuned soup) at
-level 2. Mechanism checks (hold by the algorithm's guarantee, never gate): on the train prompts, MPO's expected
-objective rewards within `maxmin_tol` of the exact MaxMin optimum's (a two-sided bound on the W gap; the
-`maxmin_check` flag has the spec's 1% criterion and the certified dual gap). Reported, not gated: the probability
-mixture, uniform vs the best single policy, generation, ablations.
+Claim checks (computed): level 2 first gates that training moved each DPO policy (its own objective's expected
+reward on the held-out candidates above pi_ref's); W(MPO) > W(uniform) and > W(each single policy) at both
+levels, > W(tuned soup) at level 2. Mechanism checks (hold by the algorithm's guarantee, never gate): on the train
+prompts, MPO's expected objective rewards within `maxmin_tol` of the exact MaxMin optimum's (a two-sided bound on
+the W gap; the `maxmin_check` flag has the spec's 1% criterion and the certified dual gap). Reported, not gated:
+the probability mixture, uniform vs the best single policy, generation (including whether training moved the
+sampled answers), ablations.
 """
 
 from __future__ import annotations
@@ -39,9 +44,10 @@ from lmlab.core.report.plotting import bar_with_ci, lines, title_for
 from lmlab.core.stats.seeding import derive_seed
 from lmlab.methods.alignment.mpo import method as M
 from lmlab.methods.alignment.mpo.task import OBJECTIVES, STOP, build_item, grade_text, make_country, usable
-from lmlab.results import Claim
+from lmlab.results import Claim, ClaimResult
 
 K = len(OBJECTIVES)
+W_METRIC = "worst_reward"
 UNIFORM = np.full(K, 1.0 / K)
 
 
@@ -131,15 +137,87 @@ def _pairs(group: M.CandidateBatch, raw: np.ndarray, n_pairs: int, rng: np.rando
 # ------------------------------------------------------------------------------------------------ recording
 
 
-def _record_system(ctx: Any, system: str, values: np.ndarray, ids: list[str], note: str = "") -> dict[str, Any]:
-    """Per-objective rewards (n, K) of a system on the test prompts; its worst objective's per-prompt values."""
+def _worst(rows: np.ndarray) -> float:
+    """``W = min_k mean_rows v[:, k]`` of per-row objective rewards (rows, K): the statistic of every W claim."""
+    return float(rows.mean(0).min())
+
+
+def _summary_row(system: str, values: np.ndarray, kl: np.ndarray | None = None) -> dict[str, Any]:
+    """A `systems` table row: each objective's mean, the worst objective, W and the mean KL to pi_ref."""
     w, k = M.worst_objective(values)
-    for j, obj in enumerate(OBJECTIVES):
-        ctx.record(system, f"reward_{obj}", values[:, j], clusters=ids, unit="z", note=note)
-    ctx.record(system, "worst_reward", values[:, k], clusters=ids, unit="z",
-               note=f"min_k mean E[z_k]; worst: {OBJECTIVES[k]}" + (f"; {note}" if note else ""))  # fmt: skip
     return {"system": system, **{o: round(float(values[:, j].mean()), 4) for j, o in enumerate(OBJECTIVES)},
-            "worst": OBJECTIVES[k], "W": round(w, 4)}  # fmt: skip
+            "worst": OBJECTIVES[k], "W": round(w, 4),
+            "kl_ref": None if kl is None else round(float(np.mean(kl)), 4)}  # fmt: skip
+
+
+def _record_system(ctx: Any, system: str, values: np.ndarray, clusters: list[str], note: str = "",
+                   kl: np.ndarray | None = None) -> dict[str, Any]:  # fmt: skip
+    """Record a system's per-objective rewards (rows, K), its W row and (given) its per-prompt KL to pi_ref.
+
+    One row per prompt (candidate-set expectations) or per sample (generation); `clusters` names each row's prompt,
+    the independent unit. The `worst_reward` row's value is W; its CI is the cluster bootstrap of W itself, the
+    min over objectives re-taken in every resample (`paired_bootstrap_stat`), not a bootstrap of the column that is
+    worst on the full sample (too narrow when two objectives near-tie). Its per-row values (that column) are
+    recorded only so that the row has W as its mean and n as its cluster count; W claims never read them (`_finish`).
+    """
+    from lmlab.core.stats.uncertainty import paired_bootstrap_stat
+
+    _, k = M.worst_objective(values)
+    for j, obj in enumerate(OBJECTIVES):
+        ctx.record(system, f"reward_{obj}", values[:, j], clusters=clusters, unit="z", note=note)
+    row = ctx.record(system, W_METRIC, values[:, k], clusters=clusters, unit="z",
+                     note=f"min_k mean E[z_k], CI re-takes the min per resample; worst: {OBJECTIVES[k]}"
+                          + (f"; {note}" if note else ""))  # fmt: skip
+    _, row.ci_low, row.ci_high = paired_bootstrap_stat(values, None, _worst, clusters=clusters,
+                                                       seed=derive_seed(ctx.cfg.seed, system, W_METRIC))  # fmt: skip
+    if kl is not None:
+        ctx.record(system, "kl_to_reference", kl, clusters=clusters, unit="nats",
+                   note="KL(pi || pi_ref) over the prompt's candidates")  # fmt: skip
+    return _summary_row(system, values, kl)
+
+
+def _objective_rows(ctx: Any, system: str) -> tuple[np.ndarray, list[Any] | None]:
+    """A system's recorded per-objective rewards (rows, K) and their cluster ids."""
+    rows = np.stack([ctx.values(system, f"reward_{o}") for o in OBJECTIVES], -1)
+    return rows, ctx.clusters(system, f"reward_{OBJECTIVES[0]}")
+
+
+def _worst_claim(ctx: Any, claim: Claim) -> ClaimResult:
+    """A claim on W, checked on the recorded per-objective rewards of both systems.
+
+    W is not a mean of per-row values, so `compare`'s paired bootstrap of per-row differences does not apply: the
+    CI is the paired cluster bootstrap of ``W(method) - W(baseline)`` with min_k re-taken inside every resample and
+    the same resampled prompts for both systems (`compare_statistic`), decided by `compare`'s rule; `null_status` is
+    the same check with the baseline in the method's place (effect 0, CI [0, 0]).
+    """
+    from lmlab.core.stats.uncertainty import compare_statistic
+
+    if not claim.paired:
+        raise ValueError(f"claims on {W_METRIC} compare systems on the same prompts: paired=True")
+    a, ids = _objective_rows(ctx, claim.method)
+    b, ids_b = _objective_rows(ctx, claim.baseline)
+    if ids != ids_b:
+        raise ValueError(f"claim {claim.method} vs {claim.baseline}: the systems were recorded on different prompts")
+    seed = derive_seed(ctx.cfg.seed, "claim", claim.method, claim.baseline, claim.metric)
+    kw = dict(direction=claim.direction, min_effect=claim.min_effect, seed=seed, clusters=ids)
+    cmp = compare_statistic(a, b, _worst, **kw)
+    null = compare_statistic(b, b, _worst, min_n=1, **kw)
+    return ClaimResult(
+        text=claim.text or f"{claim.method} {claim.direction} {claim.baseline} on {claim.metric}",
+        metric=claim.metric, method=claim.method, baseline=claim.baseline, direction=claim.direction,
+        min_effect=claim.min_effect, method_value=cmp.mean_a, baseline_value=cmp.mean_b,
+        observed_effect=cmp.effect, ci=(cmp.ci_low, cmp.ci_high), p_value=None, n=cmp.n, status=cmp.status,
+        reason=f"{cmp.reason} (W re-takes min_k in each resample)", gate=claim.gate, mechanism=claim.mechanism,
+        n_values=len(a), null_status=null.status)  # fmt: skip
+
+
+def _finish(ctx: Any, claims: list[Claim]) -> Any:
+    """`ctx.finish` for the mean claims; the W claims (`_worst_claim`) in their place, in the order given."""
+    mean_claims = [c for c in claims if c.metric != W_METRIC]
+    result = ctx.finish(claims=mean_claims)
+    checked = iter(result.claims)
+    result.claims = [_worst_claim(ctx, c) if c.metric == W_METRIC else next(checked) for c in claims]
+    return result
 
 
 def _weights_row(name: str, w: np.ndarray, note: str = "") -> dict[str, Any]:
@@ -189,13 +267,13 @@ def run(cfg: Any, ctx: Any) -> Any:
         ctx.record_value("all", "time_trained_level", time.perf_counter() - t1, unit="s")
     ctx.table("systems", summary)
     ctx.table("weights", weights)
-    rows = [m for m in ctx.metrics if m.metric == "worst_reward"]
+    rows = [m for m in ctx.metrics if m.metric == W_METRIC]
     ctx.add_figure("worst_reward", bar_with_ci(
         rows, title=title_for("mpo", str(cfg.model), cfg.seed, len(test), "worst-objective reward (held out)"),
         ylabel="min_k mean E[z_k]", highlight=[r.system for r in rows if r.system.endswith("mpo")]))  # fmt: skip
     ctx.add_samples(_samples(test, ref_test, z_test, lam, cfg))
     ctx.record_value("all", "time_total", time.perf_counter() - t0, unit="s")
-    return ctx.finish(claims=claims)
+    return _finish(ctx, claims)
 
 
 def _samples(test: list[Any], ref_test: np.ndarray, z_test: np.ndarray, lam: np.ndarray, cfg: Any) -> list[dict]:
@@ -257,12 +335,13 @@ def _exact_level(cfg, ctx, ref_train, ref_test, z_train, z_test, ids, train_ids,
     }
     w_of = {}
     for name, lp in systems.items():
-        row = _record_system(ctx, name, M.expected_rewards(lp, z_test), ids, note="exact level")
+        row = _record_system(ctx, name, M.expected_rewards(lp, z_test), ids, note="exact level",
+                             kl=M.kl_to_reference(lp, ref_test))  # fmt: skip
         summary.append({"level": "exact", **row})
         w_of[name] = row["W"]
     claims.append(
         Claim(
-            "worst_reward",
+            W_METRIC,
             "mpo",
             "uniform",
             ">",
@@ -272,7 +351,7 @@ def _exact_level(cfg, ctx, ref_train, ref_test, z_train, z_test, ids, train_ids,
     for o in OBJECTIVES:
         claims.append(
             Claim(
-                "worst_reward",
+                W_METRIC,
                 "mpo",
                 f"single_{o}",
                 ">",
@@ -282,7 +361,7 @@ def _exact_level(cfg, ctx, ref_train, ref_test, z_train, z_test, ids, train_ids,
     best_single = max((f"single_{o}" for o in OBJECTIVES), key=lambda s: w_of[s])
     claims.append(
         Claim(
-            "worst_reward",
+            W_METRIC,
             "uniform",
             best_single,
             ">",
@@ -292,7 +371,7 @@ def _exact_level(cfg, ctx, ref_train, ref_test, z_train, z_test, ids, train_ids,
     )
     claims.append(
         Claim(
-            "worst_reward",
+            W_METRIC,
             "mpo",
             "prob_mix",
             ">",
@@ -391,12 +470,29 @@ def _trained_level(cfg, ctx, model, tok, trunk, train, test, g_train, g_test, re
         "dpo_soup_uniform": soup_logps(UNIFORM, g_test, n_te),
         f"dpo_mpo_{other}": M.log_linear_mix(p_test, lam_other.weights),
     }
+    # the untrained row first: pi_ref (recorded at level 1 as `reference`, the same held-out candidates)
+    summary.append({"level": "trained", **_summary_row("reference", M.expected_rewards(ref_test, z_test),
+                                                        np.zeros(n_te))})  # fmt: skip
     for name, lp in systems.items():
         summary.append({"level": "trained", **_record_system(ctx, name, M.expected_rewards(lp, z_test), ids,
-                                                              note="DPO policies, held-out candidates")})  # fmt: skip
+                                                              note="DPO policies, held-out candidates",
+                                                              kl=M.kl_to_reference(lp, ref_test))})  # fmt: skip
+    # first gate of level 2: training moved each policy, in its own objective's direction, on held-out prompts
+    # (paired by prompt against pi_ref); without it the comparisons below could be between copies of pi_ref
+    for o in OBJECTIVES:
+        claims.append(
+            Claim(
+                f"reward_{o}",
+                f"dpo_single_{o}",
+                "reference",
+                ">",
+                text=f"trained: training moved the policy: the DPO '{o}' policy's expected '{o}' reward on the "
+                "held-out candidates above pi_ref's",
+            )
+        )
     claims.append(
         Claim(
-            "worst_reward",
+            W_METRIC,
             "dpo_mpo",
             "dpo_uniform",
             ">",
@@ -406,7 +502,7 @@ def _trained_level(cfg, ctx, model, tok, trunk, train, test, g_train, g_test, re
     for o in OBJECTIVES:
         claims.append(
             Claim(
-                "worst_reward",
+                W_METRIC,
                 "dpo_mpo",
                 f"dpo_single_{o}",
                 ">",
@@ -415,7 +511,7 @@ def _trained_level(cfg, ctx, model, tok, trunk, train, test, g_train, g_test, re
         )
     claims.append(
         Claim(
-            "worst_reward",
+            W_METRIC,
             "dpo_mpo",
             "dpo_soup_tuned",
             ">",
@@ -424,7 +520,7 @@ def _trained_level(cfg, ctx, model, tok, trunk, train, test, g_train, g_test, re
     )
     claims.append(
         Claim(
-            "worst_reward",
+            W_METRIC,
             "dpo_mpo",
             "dpo_soup_mpo",
             ">",
@@ -434,7 +530,7 @@ def _trained_level(cfg, ctx, model, tok, trunk, train, test, g_train, g_test, re
     )
     claims.append(
         Claim(
-            "worst_reward",
+            W_METRIC,
             "dpo_mpo",
             f"dpo_mpo_{other}",
             ">",
@@ -450,37 +546,64 @@ def _trained_level(cfg, ctx, model, tok, trunk, train, test, g_train, g_test, re
 
 
 def _generation(cfg, ctx, model, tok, policies, trunk, items, lam, soup_w, mu, sd, claims, summary) -> None:
-    """Free generation with token-level log-linear mixing, graded by the rule objectives (not gating)."""
+    """Sampled free generation with token-level log-linear mixing, graded by the rule objectives (reported only).
+
+    Each prompt is sampled `gen_samples` times at `gen_temperature`. Sample s of prompt i draws from the same
+    generator seed in every system, the untrained model (`gen_reference`) included (common random numbers: the
+    systems' differences are paired down to the sample). Greedy decoding measured nothing here: the DPO heads left
+    the argmax path of most prompts unchanged, so MPO, uniform, the soup and one single policy wrote the same
+    texts (CI [0, 0]); sampling compares the distributions that the mixing changes.
+    """
     from lmlab.core.inference.scoring import chat_prompt
 
     t0 = time.perf_counter()
     models = [M.policy_model(model, p) for p in policies]
     soup_model = M.policy_model(model, M.soup_topk(trunk, policies, soup_w))
     prompts = [chat_prompt(tok, it.prompt) if cfg.chat else it.prompt for it in items]
-    ids = [it.id for it in items]
-    gen = dict(max_new_tokens=cfg.max_new_tokens, stop_strings=STOP, batch_size=cfg.batch_size * 2, seed=cfg.seed)
+    n_s = cfg.gen_samples
+    row_items = [it for it in items for _ in range(n_s)]  # (n_prompts * n_s,): a prompt's samples adjacent
+    row_prompts = [p for p in prompts for _ in range(n_s)]
+    clusters = [it.id for it in row_items]
+    gen = dict(max_new_tokens=cfg.max_new_tokens, stop_strings=STOP, batch_size=cfg.batch_size * 2, do_sample=True,
+               temperature=cfg.gen_temperature, seed=derive_seed(cfg.seed, "generation"))  # fmt: skip
     runs = {
+        "gen_reference": ([model], np.ones(1)),
         "gen_mpo": (models, lam),
         "gen_uniform": (models, UNIFORM),
         **{f"gen_single_{o}": ([models[j]], np.ones(1)) for j, o in enumerate(OBJECTIVES)},
         "gen_soup": ([soup_model], np.ones(1)),
     }
     texts = {}
+    note = f"{n_s} samples per prompt at T = {cfg.gen_temperature:g}, token-level mixing"
     for name, (ms, w) in ctx.progress(list(runs.items()), "generation"):
-        texts[name] = M.mixture_generate(ms, tok, prompts, w, **gen)
-        vals = (np.stack([grade_text(t, it.country) for t, it in zip(texts[name], items, strict=True)]) - mu) / sd
-        summary.append({"level": "generation", **_record_system(ctx, name, vals, ids,
-                                                                 note="greedy, token-level mixing")})  # fmt: skip
-    ctx.record_value("gen", "time_generation", time.perf_counter() - t0, unit="s", note=f"{len(items)} prompts")
-    for base in ("gen_uniform", "gen_soup", *(f"gen_single_{o}" for o in OBJECTIVES)):
+        texts[name] = M.mixture_generate(ms, tok, row_prompts, w, **gen)
+        vals = (np.stack([grade_text(t, it.country) for t, it in zip(texts[name], row_items, strict=True)]) - mu) / sd
+        summary.append({"level": "generation", **_record_system(ctx, name, vals, clusters, note=note)})
+    ctx.record_value("gen", "time_generation", time.perf_counter() - t0, unit="s",
+                     note=f"{len(items)} prompts x {n_s} samples x {len(runs)} systems")  # fmt: skip
+    # did training move the sampled answers at all? (each single policy's own objective against the untrained model)
+    for o in OBJECTIVES:
         claims.append(
             Claim(
-                "worst_reward",
+                f"reward_{o}",
+                f"gen_single_{o}",
+                "gen_reference",
+                ">",
+                gate=False,
+                text=f"generation: training moved the sampled answers: the DPO '{o}' policy's '{o}' reward above "
+                "the untrained model's",
+            )
+        )
+    for base in ("gen_uniform", "gen_soup", *(f"gen_single_{o}" for o in OBJECTIVES), "gen_reference"):
+        claims.append(
+            Claim(
+                W_METRIC,
                 "gen_mpo",
                 base,
                 ">",
                 gate=False,
-                text=f"generation: token-level MPO mixture above {base[4:]} (greedy, graded by rules)",
+                text=f"generation: token-level MPO mixture above {base[4:]} (sampled, graded by rules)",
             )
         )
-    ctx.table("generations", [{"id": it.id, **{k: v[i] for k, v in texts.items()}} for i, it in enumerate(items)])
+    ctx.table("generations", [{"id": it.id, "sample": r % n_s, **{k: v[r] for k, v in texts.items()}}
+                              for r, it in enumerate(row_items)])  # fmt: skip
