@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import zlib
 
 import numpy as np
 import pytest
@@ -62,6 +63,15 @@ def test_raft_keeps_higher_reward_response():
     assert out.tolist() == [1.0, 4.0]
 
 
+def test_raft_select_takes_the_argmax_reward_first_on_ties():
+    r = np.array([[0.1, 0.9, 0.3, 0.9], [2.0, 2.0, -1.0, 0.0], [-3.0, -2.0, -5.0, -2.5]])
+    assert M.raft_select(r).tolist() == [1, 0, 1]
+    with pytest.raises(ValueError, match="queries, k >= 1"):
+        M.raft_select([1.0, 2.0])
+    with pytest.raises(ValueError, match="finite"):
+        M.raft_select([[1.0, float("nan")]])
+
+
 def test_normalised_rewards_and_utility():
     a, b = M.normalize_rewards([0.0, 1.0], [2.0, 3.0], "batch_z")
     both = np.concatenate([a, b])
@@ -73,7 +83,8 @@ def test_normalised_rewards_and_utility():
 @pytest.mark.parametrize(
     "kw, match",
     [({"tau0": float("nan")}, "tau0"), ({"alpha": 1.5}, "alpha"), ({"iterations": 0}, "iterations"),
-     ({"threshold_schedule": "cosine"}, "threshold_schedule"), ({"reverse_case": "drop"}, "reverse_case")],
+     ({"threshold_schedule": "cosine"}, "threshold_schedule"), ({"reverse_case": "drop"}, "reverse_case"),
+     ({"raft_k": 0}, "raft_k")],
 )  # fmt: skip
 def test_bad_options_raise(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -117,8 +128,9 @@ def loop_runs():
 def test_loop_shares_round_zero_and_budget_and_routes_by_decaying_threshold(loop_runs):
     trunk, sft, runs = loop_runs
     r0 = runs["ple"].records[0]
-    for res in runs.values():
-        assert res.records[0].plain == r0.plain and res.records[0].guided == r0.guided  # same first-round data
+    for s, res in runs.items():
+        if s != "raft_plain":  # it samples k plain answers of its own instead of the pair
+            assert res.records[0].plain == r0.plain and res.records[0].guided == r0.guided  # same first-round data
         assert res.steps == runs["ple"].steps == 2 * 2  # same steps for every system (2 rounds x 2 minibatches)
         assert [rec.queries for rec in res.records] == [QUERIES[:4], QUERIES[4:]]  # fresh queries per round
     for rec in runs["ple"].records:
@@ -128,8 +140,64 @@ def test_loop_shares_round_zero_and_budget_and_routes_by_decaying_threshold(loop
         np.testing.assert_allclose(rec.gap, rnp - rn)
     assert [rec.tau for rec in runs["ple_fixed"].records] == [0.2, 0.2]
     assert all((rec.routes == M.RANK).all() for rec in runs["always_rank_dpo"].records)
-    raft0 = runs["raft"].records[0]
+    raft0 = runs["raft_guided"].records[0]
     np.testing.assert_array_equal(raft0.routes == M.RANK, raft0.r_guided >= raft0.r_plain)  # RAFT keeps the best
+    assert raft0.targets == [yp if k else y for y, yp, k in zip(raft0.plain, raft0.guided, raft0.routes == M.RANK)]
+    for rec in runs["raft_plain"].records:  # k = 4 on-policy plain samples per query, the best one kept
+        assert len(rec.candidates) == 4 and all(len(c) == 4 for c in rec.candidates) and not rec.guided
+        assert rec.targets == [c[j] for c, j in zip(rec.candidates, rec.r_candidates.argmax(1))]
+
+
+def test_raft_plain_sfts_on_the_best_of_k_plain_samples_never_on_guided_ones(monkeypatch):
+    """The paper's RAFT: k plain-prompt samples per query, SFT on the argmax-reward one; y^p never reaches it."""
+    from lmlab.core.inference.tiny import make_byte_tokenizer, make_tiny_llama
+    from lmlab.core.training.partial import FrozenTrunk
+
+    trunk, tok = FrozenTrunk(make_tiny_llama(seed=2, n_layers=2), 1), make_byte_tokenizer()
+    calls = []  # (heads, texts) of every generate call
+
+    def generate(policy, heads, *, tag, do_sample, temperature, top_p, seed):
+        texts = ["GUIDED wonderful lovely" if T.PRINCIPLE in h else f"plain {seed} {j} " + "ab" * (j % 5)
+                 for j, h in enumerate(heads)]  # fmt: skip
+        calls.append((list(heads), texts))
+        return texts
+
+    def reward(query, response):  # a guided answer beats every plain one; plain ones get fixed pseudo-random scores
+        return 10.0 if response.startswith("GUIDED") else zlib.crc32(response.encode()) % 1000 / 1000
+
+    trained = []  # the responses each round's training encodes, in order
+    encode_rows, encode_pairs = M.encode_rows, M.encode_pairs
+
+    def spy_rows(trunk, tokenizer, prompts, responses, **kw):
+        trained.append(list(responses))
+        return encode_rows(trunk, tokenizer, prompts, responses, **kw)
+
+    def spy_pairs(trunk, tokenizer, prompts, chosen, rejected, **kw):
+        trained.append(list(chosen) + list(rejected))
+        return encode_pairs(trunk, tokenizer, prompts, chosen, rejected, **kw)
+
+    monkeypatch.setattr(M, "encode_rows", spy_rows)
+    monkeypatch.setattr(M, "encode_pairs", spy_pairs)
+    k, b = 3, 4
+    opts = M.PLEOptions(iterations=2, queries_per_iter=b, epochs=1, train_batch=2, raft_k=k)
+    res = M.ple_align(trunk, tok, QUERIES, T.PRINCIPLE, reward, generate, system="raft_plain", opts=opts, seed=5)
+    assert len(calls) == len(trained) == 2 and res.steps == 2 * 2  # per round: one decode, one SFT of b / 2 steps
+    picked_later = 0
+    for i, ((heads, texts), targets, rec) in enumerate(zip(calls, trained, res.records)):
+        assert len(heads) == k * b and not any(T.PRINCIPLE in h for h in heads)  # k plain prompts per query
+        cands = [[texts[j * b + q] for j in range(k)] for q in range(b)]
+        r = np.array([[reward(x, y) for y in row] for x, row in zip(QUERIES[i * b : (i + 1) * b], cands)])
+        assert targets == [row[int(np.argmax(rr))] for row, rr in zip(cands, r)]  # the best of the k samples
+        assert not any(t.startswith("GUIDED") for t in targets)
+        assert rec.targets == targets and rec.candidates == cands
+        picked_later += sum(t != row[0] for t, row in zip(targets, cands))
+    assert picked_later > 0  # the argmax is not always the first sample: the check above can tell them apart
+
+    # the principle-aware variant on the same generator does train on y^p (what the old "raft" did)
+    calls.clear()
+    trained.clear()
+    guided = M.ple_align(trunk, tok, QUERIES, T.PRINCIPLE, reward, generate, system="raft_guided", opts=opts, seed=5)
+    assert all(t.startswith("GUIDED") for rec in guided.records for t in rec.targets)
 
 
 def test_every_system_trains_its_own_copy_and_dpo_starts_at_log2(loop_runs):
@@ -158,7 +226,8 @@ def test_loop_bad_input_raises():
 
 @pytest.mark.parametrize(
     "kw, match",
-    [({"systems": ["raft"]}, "must include 'ple'"), ({"systems": ["ple", "ppo"]}, "systems entries"),
+    [({"systems": ["raft_plain"]}, "must include 'ple'"), ({"systems": ["ple", "ppo"]}, "systems entries"),
+     ({"systems": ["ple", "raft"]}, "'raft' is now 'raft_guided'"), ({"raft_k": 0}, "raft_k"),
      ({"tau0": float("nan")}, "tau0"), ({"alpha": 0.0}, "alpha"), ({"k_layers": 0}, "k_layers"),
      ({"n_test": 0}, "n_test"), ({"top_p": 1.5}, "top_p")],
 )  # fmt: skip

@@ -16,9 +16,9 @@ SPEC = register_method(
             "Training on the policy's own principle-guided and plain answers, with a ranking loss where the guided "
             "answer's normalised reward is higher by more than a decaying threshold tau_i = 0.2 * 0.9^i and "
             "reward-weighted SFT on both otherwise, gives a higher held-out reward without the principle than SFT, "
-            "RAFT and always-rank DPO on the same queries and budget."
+            "RAFT (SFT on the best of 4 plain samples) and always-rank DPO on the same queries and budget."
         ),
-        baselines=("sft", "raft", "always_rank_dpo", "ple_fixed", "ple_rank_only"),
+        baselines=("sft", "raft_plain", "raft_guided", "always_rank_dpo", "ple_fixed", "ple_rank_only"),
         default_model="smollm2-135m",
         suites=("countries",),
         presets={
@@ -28,7 +28,7 @@ SPEC = register_method(
                 "iterations": 2,
                 "queries_per_iter": 4,
                 "n_test": 4,
-                "systems": ["ple", "ple_fixed", "raft", "always_rank_dpo"],
+                "systems": ["ple", "ple_fixed", "raft_plain", "raft_guided", "always_rank_dpo"],
                 "k_layers": 1,
                 "epochs": 1,
                 "max_new_tokens": 6,
@@ -38,9 +38,9 @@ SPEC = register_method(
             "quick": {
                 "n_sft": 32,
                 "iterations": 1,
-                "queries_per_iter": 16,
+                "queries_per_iter": 12,
                 "n_test": 20,
-                "systems": ["ple", "raft", "always_rank_dpo"],
+                "systems": ["ple", "raft_plain"],
                 "max_new_tokens": 16,
                 "eval_guided": False,
             },
@@ -70,6 +70,8 @@ __getattr__, _LAZY = lazy_exports(
         "ple_pair_loss",
         "ple_train",
         "raft_pair_loss",
+        "raft_plain_round",
+        "raft_select",
         "route_pairs",
         "sft_train",
         "threshold_at",

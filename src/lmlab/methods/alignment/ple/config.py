@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from lmlab.config import BaseConfig, check_range, param
 
 # PLE's online loop run for each of these (method.SYSTEMS); "sft" (the starting policy) is always evaluated
-LOOP_SYSTEMS = ("ple", "ple_fixed", "ple_rank_only", "raft", "always_rank_dpo")
-DEFAULT_SYSTEMS = ("ple", "ple_fixed", "raft", "always_rank_dpo")
+LOOP_SYSTEMS = ("ple", "ple_fixed", "ple_rank_only", "raft_plain", "raft_guided", "always_rank_dpo")
+DEFAULT_SYSTEMS = ("ple", "ple_fixed", "raft_plain", "raft_guided", "always_rank_dpo")
 
 
 @dataclass
@@ -19,19 +19,23 @@ class PLEConfig(BaseConfig):
     Every system starts from the same SFT policy (the top `k_layers` blocks fine-tuned on `n_sft` neutral
     continuations) and runs `iterations` rounds of the online loop on the same `queries_per_iter` fresh queries per
     round: generate y ~ pi(.|x) and y^p ~ pi(.|p + x), score both with the rule-based reward, train on the plain x.
-    The first round's generations are shared (same policy, same seed); later rounds are on-policy. Every system is
-    then decoded greedily on `n_test` held-out queries *without* the principle.
+    The first round's generations are shared (same policy, same seed); later rounds are on-policy. ``raft_plain``
+    instead samples `raft_k` plain answers per query each round (on-policy, never the principle) and SFTs on the
+    best. Every system is then decoded greedily on `n_test` held-out queries *without* the principle.
 
     Args:
         n_sft (`int`, defaults to 64): D_sft, neutral continuations (spec: 64).
         iterations (`int`, defaults to 3): I, rounds of generate -> score -> train.
-        queries_per_iter (`int`, defaults to 24): fresh queries per round (spec: 32; 24 for the 5-minute budget).
+        queries_per_iter (`int`, defaults to 16): fresh queries per round (spec: 32; 16 for the 5-minute budget,
+            which also pays for raft_plain's k samples per query).
         n_test (`int`, defaults to 40): held-out queries (test-split countries), the unit of every claim.
-        systems (`list[str]`): loop systems run besides ``sft``: ``ple``, ``ple_fixed``, ``ple_rank_only``, ``raft``,
+        systems (`list[str]`): loop systems run besides ``sft``: ``ple``, ``ple_fixed``, ``ple_rank_only``,
+            ``raft_plain`` (the paper's RAFT: best of `raft_k` plain samples), ``raft_guided`` (best of y, y^p),
             ``always_rank_dpo``.
         tau0, alpha, threshold_schedule, reverse_case, reward_norm: PLE's threshold and routing (`PLEOptions`).
         rank_kind, rank_beta, rank_sft_weight, wsft_temperature: the two losses.
         dpo_beta (`float`, defaults to 0.1): beta of always-rank DPO (TRL's default).
+        raft_k (`int`, defaults to 4): plain samples per query of ``raft_plain`` (the paper: RAFT via LMFlow, 4).
         k_layers (`int`, defaults to 4): trainable top blocks (frozen trunk cached below).
         lr, epochs, train_batch: AdamW per round, shared by every system (same steps).
         sft_lr, sft_epochs: the SFT stage.
@@ -45,7 +49,7 @@ class PLEConfig(BaseConfig):
 
     n_sft: int = param(64, "D_sft: neutral template continuations", paper="HH-RLHF SFT split")
     iterations: int = param(3, "I: rounds of generate -> score -> train", paper="input of Algorithm 1")
-    queries_per_iter: int = param(24, "fresh queries per round (spec: 32)", paper="the query set in batches")
+    queries_per_iter: int = param(16, "fresh queries per round (spec: 32)", paper="the query set in batches")
     n_test: int = param(40, "held-out queries decoded without the principle (claims' unit)")
     systems: list = param(list(DEFAULT_SYSTEMS), "loop systems besides sft, among: " + ", ".join(LOOP_SYSTEMS))
     tau0: float = param(0.2, "initial threshold on normalised rewards", paper="0.2")
@@ -67,6 +71,7 @@ class PLEConfig(BaseConfig):
     rank_sft_weight: float = param(1.0, "SFT term on y^p added to the ranking loss (as RRHF / PRO)")
     wsft_temperature: float = param(1.0, "softmax temperature of the weighted-SFT weights", paper="[verify]")
     dpo_beta: float = param(0.1, "beta of always-rank DPO", paper="0.1 (TRL default)")
+    raft_k: int = param(4, "plain samples per query of raft_plain (SFT on the best)", paper="4 (RAFT via LMFlow)")
     k_layers: int = param(4, "trainable top blocks (frozen trunk below)", paper="LoRA r=8 on all linear modules")
     lr: float = param(1e-4, "AdamW learning rate of the online rounds (every system)", paper="3e-6 (DPO, 7B, code)")
     epochs: int = param(2, "passes over a round's pairs")
@@ -84,13 +89,14 @@ class PLEConfig(BaseConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("n_sft", "iterations", "queries_per_iter", "n_test", "k_layers", "epochs", "train_batch",
-                     "sft_epochs", "gen_batch"):  # fmt: skip
+                     "sft_epochs", "gen_batch", "raft_k"):  # fmt: skip
             check_range(name, getattr(self, name), 1)
         if not self.systems:
             raise ValueError(f"systems must name at least one of {', '.join(LOOP_SYSTEMS)}, got []")
         for s in self.systems:
             if s not in LOOP_SYSTEMS:
-                raise ValueError(f"systems entries must be among {', '.join(LOOP_SYSTEMS)}, got {s!r}")
+                hint = " ('raft' is now 'raft_guided'; 'raft_plain' is the paper's RAFT)" if s == "raft" else ""
+                raise ValueError(f"systems entries must be among {', '.join(LOOP_SYSTEMS)}, got {s!r}{hint}")
         if "ple" not in self.systems:
             raise ValueError(f"systems must include 'ple' (the method), got {self.systems}")
         if not math.isfinite(self.tau0):

@@ -10,14 +10,18 @@ prefixed to the user turn; the reward R = U is a transparent lexicon utility (di
 words, negation-aware, minus repetition and too-short penalties). D_sft: neutral continuations (format, no
 sentiment). Train queries come from the train-split countries, held-out queries from the test split.
 
-Systems (same SFT start, same queries, same first-round generations, same steps, learning rate and seeds):
-``sft`` (the start), ``ple``, ``ple_fixed`` (constant threshold: the "progressive" ablation), ``raft`` (SFT on the
-better of y and y^p), ``always_rank_dpo`` (DPO on y^p > y for every pair), optionally ``ple_rank_only``. No system
-is tuned: PLE runs at the paper's tau0 = 0.2, alpha = 0.9 and DPO at beta = 0.1, all at one shared learning rate.
+Systems (same SFT start, same queries, same steps, learning rate and seeds; all but raft_plain share round 0's
+pair): ``sft`` (the start), ``ple``, ``ple_fixed`` (constant threshold: the "progressive" ablation), ``raft_plain``
+(the paper's RAFT: SFT on the best of `raft_k` = 4 plain samples, regenerated each round, never the principle),
+``raft_guided`` (SFT on the better of y and y^p: a principle-aware RAFT), ``always_rank_dpo`` (DPO on y^p > y for
+every pair), optionally ``ple_rank_only``. No system is tuned: PLE runs at the paper's tau0 = 0.2, alpha = 0.9 and
+DPO at beta = 0.1, all at one shared learning rate.
 
 Claims (computed from this run, one value per held-out query, CIs a bootstrap over queries): held-out reward
-without the principle of PLE above SFT, always-rank DPO and RAFT (gated); above PLE with a fixed threshold and
-rank-only (reported); reference NLL of PLE below SFT's (reported: the degeneration guard, expected about equal).
+without the principle of PLE above SFT, always-rank DPO and the paper's RAFT (``raft_plain``) (gated); above
+``raft_guided``, PLE with a fixed threshold and rank-only (reported); ``raft_plain`` above SFT (reported: a baseline
+below its start would be a bug); reference NLL of PLE below SFT's (reported: the degeneration guard, expected about
+equal).
 Reported premise: the principle raises the reward (round 0, train queries; held-out with `eval_guided`).
 Mechanism check: on the pairs PLE routes to its ranking loss, training raises the margin s(y^p) - s(y).
 """
@@ -51,7 +55,8 @@ NAMES = {
     "ple": "PLE",
     "ple_fixed": "PLE, fixed threshold",
     "ple_rank_only": "PLE, ranking loss on every pair",
-    "raft": "RAFT (best of y, y^p)",
+    "raft_plain": "RAFT (best of 4 plain samples, the paper's)",
+    "raft_guided": "RAFT on PLE's pair (best of y, y^p)",
     "always_rank_dpo": "always-rank DPO",
 }
 
@@ -62,7 +67,7 @@ def options(cfg: Any) -> M.PLEOptions:
         tau0=cfg.tau0, alpha=cfg.alpha, iterations=cfg.iterations, queries_per_iter=cfg.queries_per_iter,
         threshold_schedule=cfg.threshold_schedule, reverse_case=cfg.reverse_case, reward_norm=cfg.reward_norm,
         rank_kind=cfg.rank_kind, rank_beta=cfg.rank_beta, rank_sft_weight=cfg.rank_sft_weight,
-        wsft_temperature=cfg.wsft_temperature, dpo_beta=cfg.dpo_beta, lr=cfg.lr, epochs=cfg.epochs,
+        wsft_temperature=cfg.wsft_temperature, dpo_beta=cfg.dpo_beta, raft_k=cfg.raft_k, lr=cfg.lr, epochs=cfg.epochs,
         train_batch=cfg.train_batch, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
     )  # fmt: skip
 
@@ -126,7 +131,7 @@ def run(cfg: Any, ctx: Any) -> Any:
 
     # ---- the loop's own numbers: thresholds, routing, premise, mechanism
     rows = _loop_tables(ctx, results)
-    first = next(iter(results.values())).records[0]  # round 0 is shared: same policy, queries and seed
+    first = results["ple"].records[0]  # round 0's pair is shared: same policy, queries and seed
     q0 = [f"r0/{j}" for j in range(len(first.queries))]
     ctx.record("principle@0", "train_reward", first.r_guided, clusters=q0, note="round 0: y^p ~ SFT(.|p + x)")
     ctx.record("plain@0", "train_reward", first.r_plain, clusters=q0, note="round 0: y ~ SFT(.|x)")
@@ -147,6 +152,11 @@ def run(cfg: Any, ctx: Any) -> Any:
                      "r_p": float(rec.r_guided[j]), "gap": float(rec.gap[j]),
                      "route": M.ROUTE_NAMES[int(rec.routes[j])]}
                     for j in range(len(rec.queries))]  # fmt: skip
+    raft_plain_records = results["raft_plain"].records if "raft_plain" in results else []
+    for rec in raft_plain_records:
+        samples += [{"kind": "raft_plain_pick", "round": rec.iteration, "query": rec.queries[j],
+                     "samples": rec.candidates[j], "rewards": [float(v) for v in rec.r_candidates[j]],
+                     "target": rec.targets[j]} for j in range(len(rec.queries))]  # fmt: skip
     ctx.add_samples(samples)
     ctx.flag("generated_tokens", gen.generated_tokens)
     ctx.flag("tau_schedule", [r["tau"] for r in rows if r["system"] == "ple"])
@@ -155,8 +165,9 @@ def run(cfg: Any, ctx: Any) -> Any:
     ctx.note(
         f"Reward = rule-based lexicon utility U (task.py), the annotator's truth and the reward model at once. "
         f"Top {cfg.k_layers} of {n_layers} blocks trained on a cached frozen trunk; SFT on {len(sft_q)} neutral "
-        f"continuations, then {cfg.iterations} rounds x {cfg.queries_per_iter} fresh queries per system; held-out: "
-        f"{len(test_q)} test-split queries, greedy, without the principle. No system tuned (paper defaults)."
+        f"continuations, then {cfg.iterations} rounds x {cfg.queries_per_iter} fresh queries per system "
+        f"(raft_plain: {cfg.raft_k} plain samples per query); held-out: {len(test_q)} test-split queries, greedy, "
+        f"without the principle. No system tuned (paper defaults)."
     )
     return ctx.finish(_claims(cfg, results, has_rank))
 
@@ -174,16 +185,24 @@ def _record_eval(ctx: Any, name: str, texts: Sequence[str], ids: Sequence[str], 
         ctx.record_value(name, "ref_ppl", float(math.exp(float(np.mean(nll)))), note="exp(mean ref_nll)")
 
 
+def _mean(a: Any) -> float | None:
+    """Mean of a record's array, None where the system has none (raft_plain has no pair: no r^p, gap, margin)."""
+    a = np.asarray(a, dtype=np.float64)
+    return float(a.mean()) if a.size else None
+
+
 def _loop_tables(ctx: Any, results: dict[str, M.PLEResult]) -> list[dict[str, Any]]:
     rows = []
     for s, res in results.items():
         for rec in res.records:
+            # mean_r: every plain sample of the round (raft_plain: all k per query); mean_r_target: what RAFT SFTs on
+            r_plain = rec.r_candidates if rec.r_candidates.size else rec.r_plain
             rows.append({"system": s, "round": rec.iteration, "tau": round(rec.tau, 6),
                          "share_rank": rec.share(M.RANK), "share_wsft": rec.share(M.WSFT),
-                         "share_rank_rev": rec.share(M.RANK_REV), "mean_r": float(rec.r_plain.mean()),
-                         "mean_r_p": float(rec.r_guided.mean()), "mean_gap_norm": float(rec.gap.mean()),
-                         "margin_before": float(rec.margin_before.mean()),
-                         "margin_after": float(rec.margin_after.mean()),
+                         "share_rank_rev": rec.share(M.RANK_REV), "mean_r": _mean(r_plain),
+                         "mean_r_p": _mean(rec.r_guided), "mean_gap_norm": _mean(rec.gap),
+                         "mean_r_target": _mean(rec.r_targets),
+                         "margin_before": _mean(rec.margin_before), "margin_after": _mean(rec.margin_after),
                          "loss_first": rec.losses[0], "loss_last": rec.losses[-1]})  # fmt: skip
     ctx.table("rounds", rows)
     return rows
@@ -208,12 +227,16 @@ def _record_mechanism(ctx: Any, res: M.PLEResult) -> bool:
 def _claims(cfg: Any, results: dict[str, M.PLEResult], has_rank: bool) -> list[Claim]:
     txt = "held-out reward without the principle: PLE above {}"
     claims = [Claim("reward", "ple", "sft", ">", text=txt.format("SFT"))]
-    for b in ("always_rank_dpo", "raft"):
+    for b in ("always_rank_dpo", "raft_plain"):  # the paper's baselines (its RAFT: best of 4 plain samples)
         if b in results:
             claims.append(Claim("reward", "ple", b, ">", text=txt.format(NAMES[b]) + " (expected >=)"))
-    for b in ("ple_fixed", "ple_rank_only"):
+    for b in ("raft_guided", "ple_fixed", "ple_rank_only"):  # not the paper's: a principle-aware RAFT, ablations
         if b in results:
             claims.append(Claim("reward", "ple", b, ">", gate=False, text=txt.format(NAMES[b]) + " (reported)"))
+    if "raft_plain" in results:
+        claims.append(Claim("reward", "raft_plain", "sft", ">", gate=False,
+                            text="held-out reward: the paper's RAFT above SFT, its start (reported; below would be "
+                                 "a bug)"))  # fmt: skip
     claims.append(Claim("ref_nll", "ple", "sft", "<", gate=False,
                         text="reference-text NLL: PLE not above SFT (reported; expected about equal)"))  # fmt: skip
     claims.append(Claim("train_reward", "principle@0", "plain@0", ">", gate=False,
