@@ -111,6 +111,137 @@ def test_value_model_bt_and_steps_objectives(tiny):
     assert log.losses[-1] < 0.5 * log.losses[0]
 
 
+def test_value_model_head_steps_at_its_own_lr(tiny):
+    # issue 34 / review defect 1: the baselines' fresh heads trained at the implicit PRM's lr 1e-4, which turns a
+    # 1/sqrt(hidden)-scale head by ~1e-4 per AdamW step (2 epochs could not fit it); the head now has its own lr
+    model, tok = tiny
+    trunk = M.FrozenTrunk(model, 1)
+    batches = M.prepare(trunk, tok, [QS[0], QS[0]], [GOOD[0], BAD[0]], batch_size=2, groups=[0, 0])
+    kw = dict(objective="bt", labels=[1.0, 0.0], groups=[0, 0], epochs=1, seed=0)
+    before = M.ValueModel(trunk.top_k(), seed=0)
+    vm, log = M.train_value_model(trunk, batches, lr=1e-4, head_lr=3e-2, **kw)
+    assert len(log.losses) == 1  # one AdamW step: each weight with a gradient moves by its group's lr
+    head_step = (vm.head.weight - before.head.weight).abs().max().item()
+    block_step = max((a - b).abs().max().item() for a, b in zip(vm.topk.parameters(), before.topk.parameters()))
+    assert head_step == pytest.approx(3e-2, rel=1e-3) and block_step == pytest.approx(1e-4, rel=1e-3)
+    same, _ = M.train_value_model(trunk, batches, lr=1e-4, **kw)  # head_lr defaults to lr
+    assert (same.head.weight - before.head.weight).abs().max().item() == pytest.approx(1e-4, rel=1e-3)
+
+
+class _Knob(torch.nn.Module):
+    """A fake model whose weights are (lr, epochs trained): `select_recipe` must hand back the chosen checkpoint."""
+
+    def __init__(self, lr):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([lr, 0.0], dtype=torch.float64))
+
+
+def _fake_runs(started):
+    def start(lr):
+        started.append(lr)
+        m = _Knob(lr)
+        while True:
+            with torch.no_grad():
+                m.w[1] += 1
+            yield m, M.TrainLog([float(m.w[1].detach())])
+
+    return start
+
+
+def _peak_at(best_lr, best_epochs):
+    """Dev score peaking at (best_lr, best_epochs), read off the model's weights."""
+    return lambda m: (-abs(math.log10(m.w[0].item() / best_lr)) - 0.1 * abs(m.w[1].item() - best_epochs),)
+
+
+def test_select_recipe_picks_the_dev_best_checkpoint_and_restores_it():
+    started = []
+    r = M.select_recipe(_fake_runs(started), _peak_at(1e-4, 1), [3e-4, 1e-4, 3e-5], [1, 2], max_extensions=2)
+    assert (r.lr, r.epochs) == (1e-4, 1) and not r.lr_at_edge and not r.epochs_at_edge
+    assert started == [3e-5, 1e-4, 3e-4]  # one run per lr; the epochs are checkpoints of it, no extension needed
+    assert [(p.lr, p.epochs) for p in r.grid] == [(lr, e) for lr in started for e in (1, 2)]
+    assert r.model.w.tolist() == [1e-4, 1.0]  # the run went on to epoch 2; the chosen checkpoint's weights are back
+    assert r.log.losses == [1.0] and r.score == max(p.score for p in r.grid)
+
+
+def test_select_recipe_extends_a_choice_on_the_grid_edge():
+    started = []
+    r = M.select_recipe(_fake_runs(started), _peak_at(1e-2, 1), [3e-5, 1e-4, 3e-4], [1, 2], max_extensions=1)
+    assert started == pytest.approx([3e-5, 1e-4, 3e-4, 9e-4])  # the largest lr won: one more run, 3x up
+    assert r.lr == pytest.approx(9e-4) and r.lr_at_edge  # still on the edge after the single allowed extension
+    assert [p.extension for p in r.grid] == [False] * 6 + [True] * 2
+    started = []
+    r = M.select_recipe(_fake_runs(started), _peak_at(1e-6, 1), [3e-5, 1e-4, 3e-4], [1, 2], max_extensions=3)
+    assert started == pytest.approx([3e-5, 1e-4, 3e-4, 9e-6, 2.7e-6, 8.1e-7])  # down by the grid's 10/3 spacing
+    assert r.lr == pytest.approx(8.1e-7) and r.lr_at_edge
+    r = M.select_recipe(_fake_runs([]), _peak_at(1e-4, 4), [3e-5, 1e-4, 3e-4], [1, 2], max_extensions=5)
+    assert (r.lr, r.epochs) == (1e-4, 4) and not r.epochs_at_edge  # trained on to epoch 5, which lost to 4
+    assert [(p.epochs, p.extension) for p in r.grid if p.lr == 1e-4] == [(1, False), (2, False), (3, True),
+                                                                          (4, True), (5, True)]  # fmt: skip
+    # the default search (epoch_grid [1]): every lr gets one epoch, only the winning run trains on while dev improves
+    started = []
+    r = M.select_recipe(_fake_runs(started), _peak_at(1e-4, 2), [3e-5, 1e-4, 3e-4], [1], max_extensions=2)
+    assert started == [3e-5, 1e-4, 3e-4] and (r.lr, r.epochs) == (1e-4, 2) and not r.epochs_at_edge
+    assert [(p.lr, p.epochs, p.extension) for p in r.grid] == [(3e-5, 1, False), (1e-4, 1, False), (3e-4, 1, False),
+                                                               (1e-4, 2, True), (1e-4, 3, True)]  # fmt: skip
+    r = M.select_recipe(_fake_runs([]), _peak_at(1e-4, 2), [3e-5, 1e-4, 3e-4], [1], max_extensions=0)
+    assert r.epochs == 1 and r.epochs_at_edge  # never trained on, so one epoch is not known to be enough
+    # a flat dev score: ties go inside the grid (centre lr, fewest epochs), so no edge is chosen and nothing extends
+    started = []
+    r = M.select_recipe(_fake_runs(started), lambda m: (0.5,), [3e-5, 1e-4, 3e-4], [1, 2], max_extensions=2)
+    assert (r.lr, r.epochs, len(started)) == (1e-4, 1, 3)
+    with pytest.raises(ValueError, match="lrs must be distinct positive"):
+        M.select_recipe(_fake_runs([]), lambda m: (0.0,), [1e-4, 1e-4], [1])
+    with pytest.raises(ValueError, match="epoch_grid must be distinct ints"):
+        M.select_recipe(_fake_runs([]), lambda m: (0.0,), [1e-4], [0, 1])
+
+
+@pytest.fixture(scope="module")
+def tuned_smoke():
+    grid = dict(epoch_grid=[1, 2], lrs=[1e-4, 3e-4, 1e-3], max_extensions=1)
+    return run_method("implicit_prm", preset="smoke", model="tiny-llama", write=False, show_progress=False,
+                      raise_errors=True, threads=1, **grid)  # fmt: skip
+
+
+def test_every_reward_model_gets_its_own_recipe_from_the_same_dev_search(tuned_smoke):
+    # issue 34 / review defect 1: the ORM and MC PRM reused the implicit PRM's lr and epochs; each system now picks
+    # its own (lr, epochs) on a dev split carved from the training problems, over a grid of the same size
+    r, cfg = tuned_smoke, tuned_smoke.config
+    data = r.meta_info["data"]
+    assert data["arith_chain/dev"]["n"] == cfg["n_dev"] and data["arith_chain/dev"]["from"] == "train split"
+    assert data["arith_chain/train"]["n"] == cfg["n_train"] - cfg["n_dev"]
+    grid = r.tables["recipe_grid"]
+    systems = ["implicit_prm_ce", "implicit_prm_dpo", "orm", "mc_prm"]
+    for name in systems:
+        rows = [g for g in grid if g["system"] == name]
+        assert len([g for g in rows if not g["extension"]]) == len(cfg["lrs"]) * len(cfg["epoch_grid"])
+        (chosen,) = [g for g in rows if g["chosen"]]
+        assert chosen["dev_bon_acc"] == max(g["dev_bon_acc"] for g in rows)
+        assert r.metric(name, "chosen_lr").value == chosen["lr"]
+        assert r.metric(name, "chosen_epochs").value == chosen["epochs"]
+        for g in rows:
+            key = f"dev_bon_acc[lr={g['lr']:.2g},epochs={g['epochs']}]"
+            assert r.metric(name, key).value == pytest.approx(g["dev_bon_acc"], abs=1e-4)
+        # the chosen checkpoint is the model evaluated: its dev score, recomputed after the search, matches
+        assert r.metric(name, "dev_bon_acc").value == pytest.approx(chosen["dev_bon_acc"], abs=1e-4)
+    for name in ("orm", "mc_prm"):
+        assert r.metric(name, "chosen_head_lr").value == pytest.approx(cfg["head_lr_scale"] * r.metric(name,
+                                                                       "chosen_lr").value)  # fmt: skip
+
+
+def test_baselines_are_checked_against_a_random_pick_and_gate_only_when_they_beat_it(tuned_smoke):
+    r = tuned_smoke
+    sane = r.flags["baselines_beat_random_on_dev"]
+    by = {(c.method, c.baseline, c.metric): c for c in r.claims}
+    for b in ("orm", "mc_prm"):
+        check = by[(b, "random", "dev_bon_acc")]
+        assert check.mechanism and check.status in ("supported", "inconclusive", "not_supported")
+        assert sane[b] == (r.metric(b, "dev_bon_acc").value > r.metric("random", "dev_bon_acc").value)
+        assert not by[(b, "random", "bon_acc")].gate  # the same check on the held-out problems, reported
+        assert ("NOT MEANINGFUL" in by[("implicit_prm_ce", b, "bon_acc")].text) == (not sane[b])
+    assert by[("implicit_prm_ce", "mc_prm", "bon_acc")].gate == sane["mc_prm"]
+    assert not by[("implicit_prm_ce", "orm", "bon_acc")].gate
+
+
 def test_pairs_stay_within_a_question_and_balance_weights():
     chosen, rejected = M._pairs([0, 1, 2, 3, 4], [1.0, 0.0, 0.0, 1.0, 0.0], ["a", "a", "a", "b", "b"])
     assert sorted(zip(chosen, rejected)) == [(0, 1), (0, 2), (3, 4)]
@@ -247,6 +378,13 @@ def test_spec_search_takes_an_implicit_prm_as_headline(trained, tmp_path):
         ({"error_rate": 1.5}, "error_rate"),
         ({"aggregate": "max"}, "aggregate"),
         ({"k": 0}, "k"),
+        ({"n_dev": 100}, "n_dev"),
+        ({"lrs": [1e-4, 1e-4]}, "lrs"),
+        ({"lrs": [0.0]}, "lrs"),
+        ({"epoch_grid": [0]}, "epoch_grid"),
+        ({"epoch_grid": [1.5]}, "epoch_grid"),
+        ({"head_lr_scale": 0.0}, "head_lr_scale"),
+        ({"max_extensions": -1}, "max_extensions"),
     ],
 )
 def test_config_rejects_bad_values(kw, match):

@@ -23,9 +23,19 @@ class ImplicitPRMConfig(BaseConfig):
         aggregate (`str`, defaults to ``"min"``): best-of-N score from step rewards (paper: min [verify]); the
             ``sum`` (= outcome reward) selection is reported beside it.
         k (`int`, defaults to 4): trainable top blocks over the frozen, cached trunk (SmolLM2 has 30).
-        epochs, lr, batch_size: training of every reward model (same budget for the method and its baselines).
-        n_train (`int`, defaults to 100): training problems; n_responses (`int`, defaults to 4): solver responses
-            each, with outcome labels only (paper: UltraInteract, 8 rollouts per instruction).
+        lrs (`list[float]`, defaults to ``[3e-5, 1e-4, 3e-4]``), epoch_grid (`list[int]`, defaults to ``[1]``):
+            the recipe grid every reward model (the implicit PRMs and both baselines) is tuned over on the dev split,
+            one run per lr with checkpoints at the epochs (`method.select_recipe`); the same grid for each system.
+        head_lr_scale (`float`, defaults to 30): a value model's freshly initialised scalar head steps at this
+            multiple of its blocks' lr (3e-3 at lr 1e-4: the head needs it to turn in a few dozen steps).
+        max_extensions (`int`, defaults to 2): extra points a system's search gets when its choice sits on an edge
+            (the next lr out by the grid's spacing, else one more epoch of the chosen run): with ``epoch_grid=[1]``
+            the winning lr trains on while dev improves.
+        batch_size: responses per training / scoring batch.
+        n_train (`int`, defaults to 100): training problems, of which n_dev (`int`, defaults to 20) are held back
+            as the dev split (with `n_candidates` candidates each, like the test); n_responses (`int`, defaults to
+            4): solver responses per remaining training problem, with outcome labels only (paper: UltraInteract,
+            8 rollouts per instruction).
         n_eval (`int`, defaults to 40): held-out problems; n_candidates (`int`, defaults to 8): best-of-N's N.
         error_rate (`float`, defaults to 0.3): probability that the noisy solver writes a wrong result at a step.
         min_ops, max_ops (`int`, defaults to 3 and 4): operations per problem (one step each, then the answer).
@@ -46,10 +56,17 @@ class ImplicitPRMConfig(BaseConfig):
     aggregate: str = param("min", "best-of-N score from step rewards", paper="min over steps [verify]",
                            choices=AGGREGATES)  # fmt: skip
     k: int = param(4, "trainable top blocks (frozen, cached trunk below)", paper="full fine-tuning of Llama-3.1-8B")
-    epochs: int = param(2, "training epochs of every reward model (same for method and baselines)")
-    lr: float = param(1e-4, "AdamW learning rate of every reward model (same for method and baselines)")
+    lrs: list = param([3e-5, 1e-4, 3e-4], "AdamW lrs of the trainable blocks tried for every reward model on dev",
+                      lo=0.0, open_lo=True, nonempty=True)  # fmt: skip
+    epoch_grid: list = param([1], "training epochs tried for every reward model on dev (checkpoints of one run)",
+                             lo=1, nonempty=True)  # fmt: skip
+    head_lr_scale: float = param(30.0, "a value model's fresh scalar head steps at this multiple of its blocks' lr",
+                                 lo=0.0, open_lo=True)  # fmt: skip
+    max_extensions: int = param(2, "extra points per reward model's search when its dev choice sits on an edge",
+                                lo=0)  # fmt: skip
     batch_size: int = param(16, "responses per training / scoring batch (whole questions)")
-    n_train: int = param(100, "training problems", paper="UltraInteract math instructions")
+    n_train: int = param(100, "training problems (the dev split included)", paper="UltraInteract math instructions")
+    n_dev: int = param(20, "training problems held back as the dev split that chooses every reward model's recipe")
     n_responses: int = param(4, "solver responses per training problem (outcome labels)", paper="8 rollouts")
     n_eval: int = param(40, "held-out problems", paper="MATH-500")
     n_candidates: int = param(8, "best-of-N candidates per held-out problem", paper="N = 4, 16, 64")
@@ -71,9 +88,14 @@ class ImplicitPRMConfig(BaseConfig):
         if self.headline not in self.losses:
             raise ValueError(f"headline {self.headline!r} must be one of losses {self.losses!r}")
         check_range("k", self.k, 1)
-        check_range("epochs", self.epochs, 1)
-        check_range("lr", self.lr, 0.0, open_lo=True)
-        check_range("n_train", self.n_train, 1)
+        if len(set(self.lrs)) != len(self.lrs):
+            raise ValueError(f"lrs must be distinct, got {self.lrs!r}")
+        if any(not isinstance(e, int) or isinstance(e, bool) for e in self.epoch_grid):
+            raise ValueError(f"epoch_grid must hold whole numbers of epochs, got {self.epoch_grid!r}")
+        if len(set(self.epoch_grid)) != len(self.epoch_grid):
+            raise ValueError(f"epoch_grid must be distinct, got {self.epoch_grid!r}")
+        check_range("n_train", self.n_train, 2)
+        check_range("n_dev", self.n_dev, 1, self.n_train - 1)
         check_range("n_responses", self.n_responses, 2)
         check_range("n_eval", self.n_eval, 1)
         check_range("n_candidates", self.n_candidates, 2)

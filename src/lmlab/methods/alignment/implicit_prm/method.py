@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -283,21 +283,26 @@ def balance_weights(labels: Sequence[float], groups: Sequence[Any], how: str) ->
     return [w[i] for i in range(n)]
 
 
-def _optimise(params: list[nn.Parameter], batches: Sequence[Prepared], loss_fn: Callable[[Prepared], Any], *,
-              epochs: int, lr: float, seed: int, max_grad_norm: float = 1.0,
-              callback: Callable[[int, int, float], None] | None = None) -> TrainLog:  # fmt: skip
-    """AdamW over shuffled cached batches (fixed composition, order reshuffled each epoch); grad-norm clipping 1.0
-    as TRL's default."""
-    if epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {epochs}")
-    if lr <= 0:
-        raise ValueError(f"lr must be > 0, got {lr}")
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+def _epochs(module: nn.Module, param_groups: list[dict[str, Any]], batches: Sequence[Prepared],
+            loss_fn: Callable[[Prepared], Any], *, seed: int, max_grad_norm: float = 1.0,
+            callback: Callable[[int, int, float], None] | None = None, total: int = 0
+            ) -> Iterator[TrainLog]:  # fmt: skip
+    """AdamW over shuffled cached batches (fixed composition, order reshuffled each epoch), grad-norm clipping 1.0
+    as TRL's default; one epoch per ``next``, yielding the running log with `module` in eval mode, for as long as the
+    caller asks (so the epochs can be chosen on a dev split from the checkpoints of one run).
+
+    `param_groups`: AdamW's groups, each ``{"params": [...], "lr": lr}`` (a fresh head can step faster than the
+    pretrained blocks under it). `total`: the step count `callback(step, total, loss)` reports against."""
+    for group in param_groups:
+        if not group["lr"] > 0:
+            raise ValueError(f"lr must be > 0, got {group['lr']}")
+    opt = torch.optim.AdamW(param_groups, weight_decay=0.0)
+    params = [p for group in param_groups for p in group["params"]]
     g = torch.Generator().manual_seed(int(seed))
     log = TrainLog([])
-    total = epochs * len(batches)
     step = 0
-    for _ in range(epochs):
+    while True:
+        module.train()
         for b in torch.randperm(len(batches), generator=g).tolist():
             step += 1
             loss = loss_fn(batches[b])
@@ -311,7 +316,60 @@ def _optimise(params: list[nn.Parameter], batches: Sequence[Prepared], loss_fn: 
             log.losses.append(float(loss.detach()))
             if callback is not None:
                 callback(step, total, log.losses[-1])
-    return log
+        module.eval()
+        yield log
+
+
+def _take(run: Iterator[tuple[Any, TrainLog]], epochs: int) -> tuple[Any, TrainLog]:
+    """The model and log after `epochs` epochs of `run` (then closed: its optimiser state is freed)."""
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    for _ in range(epochs):
+        out = next(run)
+    run.close()
+    return out
+
+
+def implicit_epochs(
+    trunk: FrozenTrunk,
+    batches: Sequence[Prepared],
+    labels: Sequence[float],
+    groups: Sequence[Any],
+    *,
+    loss: str = "ce",
+    beta: float = 0.05,
+    lr: float = 1e-4,
+    balance: str = "none",
+    seed: int = 0,
+    callback: Callable[[int, int, float], None] | None = None,
+    total: int = 0,
+) -> Iterator[tuple[TopK, TrainLog]]:
+    """`train_implicit` one epoch at a time: yields ``(policy, log)`` after every epoch (the same policy object,
+    trained on); `select_recipe` scores these checkpoints on a dev split. Arguments as in `train_implicit`."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+    if beta <= 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    policy = trunk.top_k()
+    weights = balance_weights(labels, groups, balance)
+
+    def loss_fn(pb: Prepared) -> torch.Tensor | None:
+        if loss == "ce":
+            pol = response_logps(policy, pb.cache, pb.enc)
+            lab = torch.tensor([float(labels[r]) for r in pb.rows])
+            w = torch.tensor([weights[r] for r in pb.rows])
+            return implicit_prm_ce_loss(pol.sum, pb.ref.sum, lab, beta=beta, weight=w)
+        c, r = _pairs(pb.rows, labels, groups)
+        if not c:
+            return None
+        pol = response_logps(policy, pb.cache, pb.enc)
+        return dpo_loss(pol.sum[c], pol.sum[r], pb.ref.sum[c], pb.ref.sum[r], beta=beta)
+
+    run = _epochs(policy, [{"params": list(policy.trainable_parameters()), "lr": lr}], batches, loss_fn, seed=seed,
+                  callback=callback, total=total)  # fmt: skip
+    return ((policy, log) for log in run)
 
 
 def train_implicit(
@@ -340,29 +398,11 @@ def train_implicit(
     Returns:
         (policy, log): the trained `TopK` and the loss per step.
     """
-    if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss!r}")
-    if beta <= 0:
-        raise ValueError(f"beta must be > 0, got {beta}")
-    policy = trunk.top_k()
-    weights = balance_weights(labels, groups, balance)
-
-    def loss_fn(pb: Prepared) -> torch.Tensor | None:
-        if loss == "ce":
-            pol = response_logps(policy, pb.cache, pb.enc)
-            lab = torch.tensor([float(labels[r]) for r in pb.rows])
-            w = torch.tensor([weights[r] for r in pb.rows])
-            return implicit_prm_ce_loss(pol.sum, pb.ref.sum, lab, beta=beta, weight=w)
-        c, r = _pairs(pb.rows, labels, groups)
-        if not c:
-            return None
-        pol = response_logps(policy, pb.cache, pb.enc)
-        return dpo_loss(pol.sum[c], pol.sum[r], pb.ref.sum[c], pb.ref.sum[r], beta=beta)
-
-    log = _optimise(list(policy.trainable_parameters()), batches, loss_fn, epochs=epochs, lr=lr, seed=seed,
-                    callback=callback)  # fmt: skip
-    policy.eval()
-    return policy, log
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    run = implicit_epochs(trunk, batches, labels, groups, loss=loss, beta=beta, lr=lr, balance=balance, seed=seed,
+                          callback=callback, total=epochs * len(batches))  # fmt: skip
+    return _take(run, epochs)
 
 
 class ValueModel(nn.Module):
@@ -389,6 +429,13 @@ class ValueModel(nn.Module):
     def parameters_to_train(self) -> list[nn.Parameter]:
         return [*self.topk.trainable_parameters(), *self.head.parameters()]
 
+    def param_groups(self, lr: float, head_lr: float | None = None) -> list[dict[str, Any]]:
+        """AdamW groups: the pretrained blocks at `lr`, the freshly initialised head at `head_lr` (default `lr`)."""
+        return [
+            {"params": list(self.topk.trainable_parameters()), "lr": lr},
+            {"params": list(self.head.parameters()), "lr": lr if head_lr is None else head_lr},
+        ]
+
 
 def prefix_values(values: torch.Tensor, enc: Encoded) -> list[torch.Tensor]:
     """Per row, ``[v(prompt), v(step 1 prefix), ..., v(all steps)]`` (n_steps + 1,) from (batch, T) values."""
@@ -400,7 +447,7 @@ def prefix_values(values: torch.Tensor, enc: Encoded) -> list[torch.Tensor]:
     return out
 
 
-def train_value_model(
+def value_model_epochs(
     trunk: FrozenTrunk,
     batches: Sequence[Prepared],
     *,
@@ -408,15 +455,14 @@ def train_value_model(
     labels: Sequence[float] | None = None,
     groups: Sequence[Any] | None = None,
     step_labels: Sequence[Sequence[float]] | None = None,
-    epochs: int = 2,
     lr: float = 1e-4,
+    head_lr: float | None = None,
     seed: int = 0,
     callback: Callable[[int, int, float], None] | None = None,
-) -> tuple[ValueModel, TrainLog]:
-    """Train a `ValueModel`: ``objective="bt"`` is the outcome RM (Bradley-Terry on the final value of every
-    correct x incorrect pair of a question, `bradley_terry_loss`); ``"steps"`` is the Math-Shepherd PRM (BCE of
-    each step's value against its Monte Carlo label)."""
-    vm = ValueModel(trunk.top_k(), seed=seed)
+    total: int = 0,
+) -> Iterator[tuple[ValueModel, TrainLog]]:
+    """`train_value_model` one epoch at a time: yields ``(value model, log)`` after every epoch (the same model,
+    trained on). Arguments as in `train_value_model`."""
     if objective == "bt":
         if labels is None or groups is None:
             raise ValueError("objective='bt' needs labels and groups")
@@ -425,6 +471,10 @@ def train_value_model(
             raise ValueError("objective='steps' needs step_labels (one list per row)")
     else:
         raise ValueError(f"objective must be 'bt' or 'steps', got {objective!r}")
+    for name, value in (("lr", lr), ("head_lr", lr if head_lr is None else head_lr)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+    vm = ValueModel(trunk.top_k(), seed=seed)
 
     def loss_fn(pb: Prepared) -> torch.Tensor | None:
         if objective == "bt":
@@ -443,9 +493,176 @@ def train_value_model(
             targets.append(torch.tensor(lab, dtype=v.dtype))
         return F.binary_cross_entropy_with_logits(torch.cat(logits), torch.cat(targets))
 
-    log = _optimise(vm.parameters_to_train(), batches, loss_fn, epochs=epochs, lr=lr, seed=seed, callback=callback)
-    vm.eval()
-    return vm, log
+    run = _epochs(vm, vm.param_groups(lr, head_lr), batches, loss_fn, seed=seed, callback=callback, total=total)
+    return ((vm, log) for log in run)
+
+
+def train_value_model(
+    trunk: FrozenTrunk,
+    batches: Sequence[Prepared],
+    *,
+    objective: str,
+    labels: Sequence[float] | None = None,
+    groups: Sequence[Any] | None = None,
+    step_labels: Sequence[Sequence[float]] | None = None,
+    epochs: int = 2,
+    lr: float = 1e-4,
+    head_lr: float | None = None,
+    seed: int = 0,
+    callback: Callable[[int, int, float], None] | None = None,
+) -> tuple[ValueModel, TrainLog]:
+    """Train a `ValueModel`: ``objective="bt"`` is the outcome RM (Bradley-Terry on the final value of every
+    correct x incorrect pair of a question, `bradley_terry_loss`); ``"steps"`` is the Math-Shepherd PRM (BCE of
+    each step's value against its Monte Carlo label).
+
+    `lr` steps the top-k blocks and `head_lr` (default `lr`) the freshly initialised scalar head: a 577-weight head
+    drawn at scale 1/sqrt(hidden) moves about lr per AdamW step, so at a pretrained block's lr (1e-4) two epochs
+    barely turn it and the blocks learn against a random readout."""
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    run = value_model_epochs(trunk, batches, objective=objective, labels=labels, groups=groups,
+                             step_labels=step_labels, lr=lr, head_lr=head_lr, seed=seed, callback=callback,
+                             total=epochs * len(batches))  # fmt: skip
+    return _take(run, epochs)
+
+
+# ---------------------------------------------------------------------------------------------- recipe search
+
+
+@dataclass
+class GridPoint:
+    """One (lr, epochs) point of a recipe search and its dev score (higher is better; tuples compare in order)."""
+
+    lr: float
+    epochs: int
+    score: tuple[float, ...]
+    extension: bool = False  # added because the choice sat on the edge of the points before it
+
+
+@dataclass
+class Recipe:
+    """A model's training recipe chosen on a dev split (`select_recipe`).
+
+    Attributes:
+        lr (`float`), epochs (`int`): the chosen point; score: its dev score.
+        model: the trained model at that checkpoint (eval mode); log (`TrainLog`): its training up to there.
+        grid (`list[GridPoint]`): every point scored, in the order tried.
+        lr_at_edge, epochs_at_edge (`bool`): the choice is still the largest / smallest lr tried, or the most epochs
+            tried at its lr (no longer run was seen to lose), after the extensions (widen the grid).
+    """
+
+    lr: float
+    epochs: int
+    score: tuple[float, ...]
+    model: Any
+    log: TrainLog
+    grid: list[GridPoint]
+    lr_at_edge: bool
+    epochs_at_edge: bool
+
+
+def _trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def select_recipe(
+    start: Callable[[float], Iterator[tuple[Any, TrainLog]]],
+    dev_score: Callable[[Any], tuple[float, ...]],
+    lrs: Sequence[float],
+    epoch_grid: Sequence[int],
+    *,
+    max_extensions: int = 2,
+) -> Recipe:
+    """Search of (lr, epochs) on a dev split, the same procedure for every model it compares.
+
+    One run per lr (``start(lr)``, an epoch iterator such as `implicit_epochs`), scored by ``dev_score(model)`` at
+    each epoch of `epoch_grid` (checkpoints of one run: more epochs cost training, not new runs). The highest score
+    wins; ties go to the lr nearest the grid's (geometric) centre, then to fewer epochs, then to the point tried
+    first, so an edge wins only by beating the inside. A choice on an edge extends the search, one point at a time
+    and `max_extensions` points in all, the lr axis first: the smallest (largest) lr tried adds a run at the next lr
+    down (up) by the grid's own spacing (a one-lr grid has no lr axis); a choice at the most epochs tried at its lr
+    trains that same run one epoch more (successive halving: with ``epoch_grid=[1]`` every lr gets one epoch and
+    only the winner trains on while dev improves). The model comes back with the chosen checkpoint's weights.
+    """
+    lrs = sorted(float(x) for x in lrs)
+    epoch_grid = sorted(int(e) for e in epoch_grid)
+    if not lrs or len(set(lrs)) != len(lrs) or lrs[0] <= 0:
+        raise ValueError(f"lrs must be distinct positive numbers, got {lrs!r}")
+    if not epoch_grid or len(set(epoch_grid)) != len(epoch_grid) or epoch_grid[0] < 1:
+        raise ValueError(f"epoch_grid must be distinct ints >= 1, got {epoch_grid!r}")
+    if max_extensions < 0:
+        raise ValueError(f"max_extensions must be >= 0, got {max_extensions}")
+    down = lrs[1] / lrs[0] if len(lrs) > 1 else 10.0
+    up = lrs[-1] / lrs[-2] if len(lrs) > 1 else 10.0
+    centre = sum(math.log(x) for x in lrs) / len(lrs)
+
+    def rank(p: GridPoint) -> tuple:
+        return p.score, -round(abs(math.log(p.lr) - centre), 9), -p.epochs
+
+    grid: list[GridPoint] = []
+    best: dict[str, Any] = {}  # point, model, state (the checkpoint's weights), log, run (alive while extendable)
+    reached: dict[float, int] = {}  # lr -> epochs trained
+
+    def consider(lr: float, epoch: int, model: Any, log: TrainLog, run: Any, extension: bool) -> None:
+        point = GridPoint(lr, epoch, tuple(float(s) for s in dev_score(model)), extension)
+        grid.append(point)
+        if not best or rank(point) > rank(best["point"]):
+            if best.get("run") is not None and best["run"] is not run:
+                best["run"].close()
+            best.update(point=point, model=model, state=_trainable_state(model), log=TrainLog(list(log.losses),
+                        log.skipped), run=run)  # fmt: skip
+
+    def run_lr(lr: float, extension: bool) -> None:
+        run = start(lr)
+        for epoch in range(1, epoch_grid[-1] + 1):
+            model, log = next(run)
+            if epoch in epoch_grid:
+                consider(lr, epoch, model, log, run, extension)
+        reached[lr] = epoch_grid[-1]
+        if best["run"] is not run or best["point"].epochs != reached[lr]:
+            run.close()  # keep a run alive only while its last epoch is the choice (it may be trained on)
+            if best["run"] is run:
+                best["run"] = None
+
+    for lr in lrs:
+        run_lr(lr, False)
+    for _ in range(max_extensions):
+        tried = sorted(reached)
+        choice = best["point"]
+        if len(tried) > 1 and choice.lr == tried[0]:
+            run_lr(tried[0] / down, True)
+        elif len(tried) > 1 and choice.lr == tried[-1]:
+            run_lr(tried[-1] * up, True)
+        elif best["run"] is not None and choice.epochs == reached[choice.lr]:
+            run = best["run"]
+            model, log = next(run)
+            reached[choice.lr] += 1
+            consider(choice.lr, reached[choice.lr], model, log, run, True)
+            if best["point"].epochs != reached[choice.lr]:
+                run.close()
+                best["run"] = None
+        else:
+            break
+    if best["run"] is not None:
+        best["run"].close()
+    model, choice = best["model"], best["point"]
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n in best["state"]:
+                p.copy_(best["state"][n])
+    model.eval()
+    tried = sorted(reached)
+    epochs_here = sorted(p.epochs for p in grid if p.lr == choice.lr)
+    return Recipe(
+        lr=choice.lr,
+        epochs=choice.epochs,
+        score=choice.score,
+        model=model,
+        log=best["log"],
+        grid=grid,
+        lr_at_edge=len(tried) > 1 and choice.lr in (tried[0], tried[-1]),
+        epochs_at_edge=choice.epochs == epochs_here[-1],
+    )
 
 
 # ------------------------------------------------------------------------------------------------- selection
@@ -458,6 +675,18 @@ def best_of_n_accuracy(scores: Sequence[float], correct: Sequence[bool]) -> floa
     top = max(scores)
     tied = [bool(c) for s, c in zip(scores, correct, strict=True) if s == top]
     return sum(tied) / len(tied)
+
+
+def pair_accuracy(scores: Sequence[float], correct: Sequence[bool]) -> float | None:
+    """Share of (correct, wrong) candidate pairs that `scores` order correctly, a tie counting 1/2 (the AUC within
+    one problem); None when the candidates are not of both kinds."""
+    if len(scores) != len(correct):
+        raise ValueError(f"need one score per candidate, got {len(scores)} scores for {len(correct)} candidates")
+    good = [float(s) for s, c in zip(scores, correct, strict=True) if c]
+    bad = [float(s) for s, c in zip(scores, correct, strict=True) if not c]
+    if not good or not bad:
+        return None
+    return sum(1.0 if g > b else 0.5 if g == b else 0.0 for g in good for b in bad) / (len(good) * len(bad))
 
 
 def vote_accuracy(answers: Sequence[Any], correct: Sequence[bool], weights: Sequence[float] | None = None) -> float:
