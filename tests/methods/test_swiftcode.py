@@ -128,6 +128,58 @@ def test_bank_statuses_costs_and_selection_on_pure_python_families():
         assert all(len(m.times) == LINES.runs for m in by_kind["fast"])
 
 
+def test_the_bank_has_enough_families_for_the_clustered_net_check_and_the_default_uses_them_all():
+    """The NET claim's CI resamples families and needs >= 6 solved by both SFT systems; with 8 families only 3
+    qualified (2026-12-07), so the bank has 16 and the default preset runs every one, 3 training / 4 held-out each."""
+    from lmlab.methods.alignment.swiftcode.config import SwiftCodeConfig
+    from lmlab.methods.alignment.swiftcode.tasks import HELD_OUT_NAMES, KINDS
+
+    assert len(FAMILIES) >= 16
+    cfg = SwiftCodeConfig()
+    assert cfg.families == list(FAMILIES)
+    assert cfg.n_train == 3 * len(FAMILIES) and cfg.n_eval in (3 * len(FAMILIES), 4 * len(FAMILIES))
+    train, test = build_tasks(cfg.families, cfg.n_train, cfg.n_eval, seed=0)
+    for split, per in ((train, 3), (test, cfg.n_eval // len(FAMILIES))):
+        assert {f: sum(t.family == f for t in split) for f in FAMILIES} == dict.fromkeys(FAMILIES, per)
+    names = [n for f in FAMILIES.values() for n in f.func_names]
+    assert len(names) == len(set(names))  # a held-out name of one family is no training name of another
+    held_out = {n for f in FAMILIES.values() for n in f.func_names[-HELD_OUT_NAMES:]}
+    assert held_out.isdisjoint(t.entry_point for t in train) and {t.entry_point for t in test} <= held_out
+    for fam in FAMILIES.values():
+        kinds = [v.kind for v in fam.variants]
+        assert set(kinds) <= set(KINDS) and kinds.count("fast") >= 2 and kinds.count("slow") >= 1
+        assert kinds.count("buggy") >= 1 and fam.canonical is fam.variants[0]
+        assert len(fam.func_names) > HELD_OUT_NAMES and len(fam.arg_names) >= 1 and len(fam.wordings) >= 1
+        assert all(len(a) == fam.arity for a in fam.arg_names)
+
+
+@needs_sandbox
+def test_every_bank_variant_is_what_its_label_says_in_the_sandbox():
+    """For every family at the full stress size, in the sandbox: fast and slow variants are correct, buggy ones fail
+    a small test, and every slow idiom is slower than every fast one and at least 5x slower than the canonical
+    solution (quiet gaps: 10x to 10^4x; the margins leave room for timing noise under load)."""
+    wall = M.MeasureSettings(timing="wall", runs=1, repeat=3)
+    tasks, cands = [], []
+    for family in FAMILIES:
+        task = _task(family, scale=1.0, seed=1)
+        tasks.append(task)
+        cands.append(M.template_candidates(task, FAMILIES[family]))
+    ms = M.measure_many([(t, c.code) for t, cs in zip(tasks, cands) for c in cs], wall)
+    k = 0
+    for task, cs in zip(tasks, cands):
+        mine, k = ms[k : k + len(cs)], k + len(cs)
+        by_kind: dict[str, list[float]] = {}
+        canonical = next(m for c, m in zip(cs, mine) if c.code == task.canonical)
+        for c, m in zip(cs, mine):
+            if c.kind == "buggy":
+                assert m.status == "wrong_answer" and "small test" in m.reason, (task.family, c.name, m.reason)
+            else:
+                assert m.status == "correct", (task.family, c.name, m.status, m.reason)
+                by_kind.setdefault(c.kind, []).append(m.time)
+        assert max(by_kind["fast"]) < min(by_kind["slow"]), (task.family, by_kind)
+        assert 5 * canonical.time < min(by_kind["slow"]), (task.family, canonical.time, by_kind)
+
+
 @needs_sandbox
 def test_fast_but_wrong_on_the_stress_input_is_incorrect_and_slow_is_over_limit_not_wrong():
     task = _task("pair_sum", scale=1.0)

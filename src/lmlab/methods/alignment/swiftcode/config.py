@@ -14,18 +14,20 @@ GENERATORS = ("template", "llm")
 
 @dataclass
 class SwiftCodeConfig(BaseConfig):
-    """SWIFTCODE (Huang et al., ICML 2025) on lmlab's eight seeded code-task families.
+    """SWIFTCODE (Huang et al., ICML 2025) on lmlab's sixteen seeded code-task families.
 
     Candidates for each training task come from the variant bank (``template``, standing in for the paper's strong
     code LLMs) and from samples of `model` (``llm``, the first `llm_tasks` training tasks); every candidate runs in
     `lmlab.core.execution.sandbox`: small tests, then the stress input (time: min over `timing_runs` runs of the min of
     `repeat` calls; memory: tracemalloc peak). Each system fine-tunes the top `train_layers` blocks on one
     candidate per task (same tasks, count and steps) and is scored on the held-out tasks (new function names) by
-    greedy decoding: pass@1 and NET = ET / ET_canonical. Held-out tasks are the independent unit of the claims.
+    greedy decoding: pass@1 and NET = ET / ET_canonical. The claims' CIs resample task families (the independent
+    unit: held-out tasks are renamed instances of a family), so the default uses every family.
 
     Args:
-        families (`list[str]`): task families (default all eight).
-        n_train (`int`, defaults to 48), n_eval (`int`, defaults to 32): training / held-out tasks, round robin.
+        families (`list[str]`): task families (default all sixteen).
+        n_train (`int`, defaults to 48), n_eval (`int`, defaults to 64): training / held-out tasks, round robin over
+            the families (3 and 4 per family by default).
         stress_scale (`float`, defaults to 1.0): stress input size (1.0 sizes the slow idiom to tens of ms).
         generators (`list[str]`): candidate sources, among ``template`` and ``llm``.
         template_kinds (`list[str]`): variant-bank kinds offered (fast, slow, buggy).
@@ -43,9 +45,9 @@ class SwiftCodeConfig(BaseConfig):
 
     families: list = param(list(FAMILIES), "task families, among: " + ", ".join(FAMILIES),
                            paper="EffiInstruct: open code-instruction tasks, 5 languages [verify]")  # fmt: skip
-    n_train: int = param(48, "training tasks (candidates are generated, measured and selected for each)",
+    n_train: int = param(48, "training tasks, round robin over families (3 per family for all 16)",
                          paper="~65K tasks [verify]")  # fmt: skip
-    n_eval: int = param(32, "held-out tasks (reserved function names), the claims' unit",
+    n_eval: int = param(64, "held-out tasks (reserved function names), 4 per family for all 16; CIs by family",
                         paper="EffiBench 1000 / HumanEval 164")  # fmt: skip
     stress_scale: float = param(1.0, "stress input size scale (1.0: the slow idiom takes tens of ms)")
     generators: list = param(list(GENERATORS), "candidate sources: template (variant bank, LLM stand-in), llm (model)",

@@ -4,26 +4,26 @@ Paper claim (Huang et al., ICML 2025): fine-tuning on the fastest, leanest corre
 candidates raises pass@1 (Qwen2.5-Coder-7B-Instruct 44.8% -> 57.7%) and cuts the execution time of correct code
 (-48.4%).
 
-Tasks. `tasks.build_tasks`: `n_train` training and `n_eval` held-out tasks over the eight families (slow and fast
-idioms of one function each), held-out tasks under function names never seen in training. Candidates. Per training
-task, the variant bank (``template``: correct fast, correct slow and buggy programs, the stand-in for strong code
-LLMs) and, for the first `llm_tasks` tasks, `llm_samples` samples of `model` (``llm:<model>``). Every candidate runs
-only in `lmlab.core.execution.sandbox` (`method.measure_many`): small tests, stress input against the reference value,
-ET =
-min over `timing_runs` runs of the min of `repeat` calls, MU = tracemalloc peak.
+Tasks. `tasks.build_tasks`: `n_train` training and `n_eval` held-out tasks over the task families (sixteen by
+default; slow and fast idioms of one function each), held-out tasks under function names never seen in training.
+Candidates. Per training task, the variant bank (``template``: correct fast, correct slow and buggy programs, the
+stand-in for strong code LLMs) and, for the first `llm_tasks` tasks, `llm_samples` samples of `model`
+(``llm:<model>``). Every candidate runs only in `lmlab.core.execution.sandbox` (`method.measure_many`): small tests,
+stress input against the reference value, ET = min over `timing_runs` runs of the min of `repeat` calls, MU =
+tracemalloc peak.
 
 Systems (same tasks, one example each, same SFT steps and data order): ``swiftcode`` keeps the most efficient
 correct candidate per task; ``random_correct`` a uniformly random correct one (the spec's baseline: correctness
 filtering without efficiency); ``slowest_correct`` (optional control) the slowest; ``base`` is the model untrained.
 Each trained system fine-tunes the top `train_layers` blocks (frozen trunk cached once, `lmlab.core.training.sft`),
-then
-answers every held-out task greedily; the answers run in the sandbox: pass@1 (small tests and the stress value),
-NET = ET / ET_canonical and NMU on the solved ones.
+then answers every held-out task greedily; the answers run in the sandbox: pass@1 (small tests and the stress
+value), NET = ET / ET_canonical and NMU on the solved ones.
 
-Claims (held-out tasks are the unit): mean NET of SWIFTCODE below random-correct on the tasks both solve (paired;
-the official evaluation script also averages NET over tasks solved by both models) and pass@1 of SWIFTCODE above the
-base model (both gated); pass@1 of random-correct above base and of SWIFTCODE vs random-correct (reported). Mechanism
-check: the kept training solutions' NET is below random-correct's (the selection at work, true by construction).
+Claims (paired over held-out tasks; CIs resample task families, the independent unit): mean NET of SWIFTCODE below
+random-correct on the tasks both solve (the official evaluation script also averages NET over tasks solved by both
+models) and pass@1 of SWIFTCODE above the base model (both gated); pass@1 of random-correct above base and of
+SWIFTCODE vs random-correct (reported). Mechanism check: the kept training solutions' NET is below random-correct's
+(the selection at work, true by construction).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SWIFTCODE's task suite: eight seeded families of small Python function tasks, each with a slow and a fast idiom.
+"""SWIFTCODE's task suite: sixteen seeded families of small Python function tasks, each with a slow and a fast idiom.
 
 Every family has surface variation (function names, argument names, wording of the statement), small correctness
 tests (edge cases included: duplicates, negatives, empty inputs, so that fast-but-wrong idioms fail), a stress-input
@@ -23,9 +23,19 @@ called directly), and every variant source only ever runs inside `lmlab.core.exe
 | reverse_string | prepend concatenation O(n^2) | slicing; join(reversed) | reverses words, not characters |
 | max_subarray | all subarrays O(n^2) | Kadane O(n); prefix minimum | Kadane from 0 (fails all-negative) |
 | anagram | str.count per char O(n^2); list.remove O(n^2) | Counter; sorted | set equality (ignores multiplicity) |
+| count_distinct | list membership O(n u); list.index O(n^2) | len(set()); seen-set loop | counts values seen once |
+| first_repeat | `in` prefix slice O(n^2); list.index O(n^2) | seen-set; seen-dict O(n) | first value with any copy |
+| running_max | max of every prefix slice O(n^2) | running variable O(n); accumulate | running max starts at 0 |
+| is_sorted | all pairs O(n^2); min of every suffix O(n^2) | adjacent pairs O(n); == sorted() | strict < |
+| most_common_char | str.count per char O(n^2) (max key; loop) | Counter; dict counts O(n) | alphabetical tie-break |
+| sum_squares | generator sum O(n); for loop O(n) | n(n+1)(2n+1)/6 O(1); via n(n+1)/2 | excludes n |
+| mod_pow | b products mod p O(b); full power, then mod | pow(a, b, p); square-and-multiply | starts from a (b = 0) |
+| palindrome | strip both ends (slices) O(n^2); prepend O(n^2) | s == s[::-1]; join(reversed) | half split (odd n) |
 
-(String building by ``+=`` is not slow in CPython, whose in-place concatenation is amortised linear; prepending,
-``out = c + out``, is quadratic, so `reverse_string` carries the string-building idiom.)
+String building by ``+=`` is not slow in CPython, whose in-place concatenation is amortised linear; prepending,
+``out = c + out``, is quadratic, so `reverse_string` and `palindrome` carry the string-building idiom. `sum_squares`
+and `mod_pow`, like `fibonacci`, have a constant or logarithmic canonical solution, so the NET of their slow idioms is
+in the thousands to tens of thousands (the others: tens to hundreds).
 """
 
 from __future__ import annotations
@@ -185,6 +195,51 @@ def _ref_anagram(a: str, b: str) -> bool:
     return Counter(a) == Counter(b)
 
 
+def _ref_count_distinct(xs: list[int]) -> int:
+    return len(set(xs))
+
+
+def _ref_first_repeat(xs: list[int]) -> int:
+    seen = set()
+    for x in xs:
+        if x in seen:
+            return x
+        seen.add(x)
+    return -1
+
+
+def _ref_running_max(xs: list[int]) -> list[int]:
+    out, best = [], None
+    for x in xs:
+        best = x if best is None or x > best else best
+        out.append(best)
+    return out
+
+
+def _ref_is_sorted(xs: list[int]) -> bool:
+    return all(xs[i] <= xs[i + 1] for i in range(len(xs) - 1))
+
+
+def _ref_most_common_char(s: str) -> str:
+    counts = Counter(s)  # insertion order = order of first occurrence; max keeps the first of equal counts
+    return max(counts, key=counts.__getitem__)
+
+
+def _ref_sum_squares(n: int) -> int:
+    return n * (n + 1) * (2 * n + 1) // 6
+
+
+MOD = 1_000_000_007  # the modulus of the mod_pow family (fixed, stated in its wording)
+
+
+def _ref_mod_pow(a: int, b: int) -> int:
+    return pow(a, b, MOD)
+
+
+def _ref_palindrome(s: str) -> bool:
+    return s == s[::-1]
+
+
 def _ints(rng: np.random.Generator, n: int, lo: int, hi: int) -> list[int]:
     return [int(v) for v in rng.integers(lo, hi, size=n)]
 
@@ -232,6 +287,44 @@ def _small_anagram(rng: np.random.Generator) -> list[tuple]:
     return [("listen", "silent"), ("aab", "abb"), ("", ""), ("ab", "abc"), (w, "".join(sorted(w))), ("abc", "abd")]
 
 
+def _small_count_distinct(rng: np.random.Generator) -> list[tuple]:
+    return [([1, 2, 2, 3, 1],), ([],), ([5],), ([4, 4, 4],), ([-1, 1, -1, 0],), (_ints(rng, 12, 0, 6),)]
+
+
+def _small_first_repeat(rng: np.random.Generator) -> list[tuple]:
+    # [3, 1, 2, 1, 3]: 1 is the first value seen twice, 3 the first value that has a copy somewhere (the bug)
+    return [([2, 1, 3, 1, 2],), ([],), ([1, 2, 3],), ([4, 4],), ([3, 1, 2, 1, 3],), (_ints(rng, 10, 0, 8),)]
+
+
+def _small_running_max(rng: np.random.Generator) -> list[tuple]:
+    return [([1, 3, 2, 5, 4],), ([],), ([-2, -5, -1],), ([7],), (_ints(rng, 10, -6, 6),)]
+
+
+def _small_is_sorted(rng: np.random.Generator) -> list[tuple]:
+    return [([1, 2, 2, 3],), ([],), ([5],), ([3, 1, 2],), ([1, 2, 3, 2],), (sorted(_ints(rng, 10, 0, 5)),),
+            (_ints(rng, 8, 0, 5),)]  # fmt: skip
+
+
+def _small_most_common_char(rng: np.random.Generator) -> list[tuple]:
+    # ties: "bbaa" -> "b" and "zyzy" -> "z" (first occurrence), where the alphabetical tie-break gives "a" / "y"
+    return [("abracadabra",), ("a",), ("bbaa",), ("zyzy",), ("aabbb",), (_word(rng, 9, "abc"),)]
+
+
+def _small_sum_squares(rng: np.random.Generator) -> list[tuple]:
+    return [(0,), (1,), (2,), (3,), (10,), (int(rng.integers(20, 200)),)]
+
+
+def _small_mod_pow(rng: np.random.Generator) -> list[tuple]:
+    return [(2, 10), (3, 0), (0, 0), (0, 5), (MOD + 1, 2), (7, 13),
+            (int(rng.integers(2, 10**6)), int(rng.integers(20, 60)))]  # fmt: skip
+
+
+def _small_palindrome(rng: np.random.Generator) -> list[tuple]:
+    w = _word(rng, 4, "ab")
+    return [("racecar",), ("",), ("a",), ("ab",), ("abba",), ("abca",), ("aba",), (w + w[::-1],),
+            (_word(rng, 7, "ab"),)]  # fmt: skip
+
+
 def _stress_pair_sum(rng: np.random.Generator, scale: float) -> tuple:
     return (_ints(rng, _size(1500, scale), 0, 1000), 1000)
 
@@ -267,6 +360,45 @@ def _stress_anagram(rng: np.random.Generator, scale: float) -> tuple:
     a = _word(rng, _size(5000, scale))
     b = "".join(a[int(i)] for i in rng.permutation(len(a)))
     return (a, b)
+
+
+def _stress_count_distinct(rng: np.random.Generator, scale: float) -> tuple:
+    n = _size(3000, scale)
+    return (_ints(rng, n, 0, n),)
+
+
+def _stress_first_repeat(rng: np.random.Generator, scale: float) -> tuple:
+    # distinct values, then one repeat at the very end: every idiom scans the whole list
+    n = _size(3000, scale)
+    xs = [int(v) for v in rng.permutation(10 * n)[:n]]
+    return (xs + [xs[n // 3]],)
+
+
+def _stress_running_max(rng: np.random.Generator, scale: float) -> tuple:
+    return (_ints(rng, _size(2000, scale), -(10**6), 10**6),)
+
+
+def _stress_is_sorted(rng: np.random.Generator, scale: float) -> tuple:
+    # sorted (with repeats): no idiom can stop early
+    n = _size(1500, scale)
+    return (sorted(_ints(rng, n, 0, n)),)
+
+
+def _stress_most_common_char(rng: np.random.Generator, scale: float) -> tuple:
+    return (_word(rng, _size(4000, scale)),)
+
+
+def _stress_sum_squares(rng: np.random.Generator, scale: float) -> tuple:
+    return (_size(500000, scale) + int(rng.integers(0, 100)),)
+
+
+def _stress_mod_pow(rng: np.random.Generator, scale: float) -> tuple:
+    return (int(rng.integers(2, 1000)), _size(150000, scale) + int(rng.integers(0, 100)))
+
+
+def _stress_palindrome(rng: np.random.Generator, scale: float) -> tuple:
+    w = _word(rng, _size(20000, scale))
+    return (w + w[::-1],)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -560,6 +692,279 @@ def $f($a, $b):
 )  # fmt: skip
 
 
+_COUNT_DISTINCT = (
+    Variant("len_set", "fast", """
+def $f($a):
+    return len(set($a))
+"""),
+    Variant("seen_set", "fast", """
+def $f($a):
+    seen = set()
+    count = 0
+    for x in $a:
+        if x not in seen:
+            seen.add(x)
+            count += 1
+    return count
+"""),
+    Variant("list_membership", "slow", """
+def $f($a):
+    seen = []
+    for x in $a:
+        if x not in seen:
+            seen.append(x)
+    return len(seen)
+"""),
+    Variant("index_is_first", "slow", """
+def $f($a):
+    return sum(1 for i, x in enumerate($a) if $a.index(x) == i)
+"""),
+    Variant("values_seen_once", "buggy", """
+from collections import Counter
+
+def $f($a):
+    counts = Counter($a)
+    return sum(1 for c in counts.values() if c == 1)
+"""),
+)  # fmt: skip
+
+_FIRST_REPEAT = (
+    Variant("seen_set", "fast", """
+def $f($a):
+    seen = set()
+    for x in $a:
+        if x in seen:
+            return x
+        seen.add(x)
+    return -1
+"""),
+    Variant("seen_dict", "fast", """
+def $f($a):
+    seen = {}
+    for i, x in enumerate($a):
+        if x in seen:
+            return x
+        seen[x] = i
+    return -1
+"""),
+    Variant("prefix_slice", "slow", """
+def $f($a):
+    for i in range(len($a)):
+        if $a[i] in $a[:i]:
+            return $a[i]
+    return -1
+"""),
+    Variant("index_lookup", "slow", """
+def $f($a):
+    for i, x in enumerate($a):
+        if $a.index(x) < i:
+            return x
+    return -1
+"""),
+    Variant("first_with_copy", "buggy", """
+def $f($a):
+    for x in $a:
+        if $a.count(x) > 1:
+            return x
+    return -1
+"""),
+)  # fmt: skip
+
+_RUNNING_MAX = (
+    Variant("loop", "fast", """
+def $f($a):
+    out = []
+    best = None
+    for x in $a:
+        if best is None or x > best:
+            best = x
+        out.append(best)
+    return out
+"""),
+    Variant("accumulate", "fast", """
+from itertools import accumulate
+
+def $f($a):
+    return list(accumulate($a, max))
+"""),
+    Variant("max_of_prefix", "slow", """
+def $f($a):
+    return [max($a[:i + 1]) for i in range(len($a))]
+"""),
+    Variant("start_at_zero", "buggy", """
+def $f($a):
+    out = []
+    best = 0
+    for x in $a:
+        best = max(best, x)
+        out.append(best)
+    return out
+"""),
+)  # fmt: skip
+
+_IS_SORTED = (
+    Variant("adjacent_pairs", "fast", """
+def $f($a):
+    return all($a[i] <= $a[i + 1] for i in range(len($a) - 1))
+"""),
+    Variant("compare_sorted", "fast", """
+def $f($a):
+    return $a == sorted($a)
+"""),
+    Variant("all_pairs", "slow", """
+def $f($a):
+    for i in range(len($a)):
+        for j in range(i + 1, len($a)):
+            if $a[i] > $a[j]:
+                return False
+    return True
+"""),
+    Variant("min_of_suffix", "slow", """
+def $f($a):
+    return all($a[i] <= min($a[i:]) for i in range(len($a)))
+"""),
+    Variant("strictly_increasing", "buggy", """
+def $f($a):
+    return all($a[i] < $a[i + 1] for i in range(len($a) - 1))
+"""),
+)  # fmt: skip
+
+_MOST_COMMON_CHAR = (
+    Variant("counter", "fast", """
+from collections import Counter
+
+def $f($a):
+    counts = Counter($a)
+    return max(counts, key=counts.get)
+"""),
+    Variant("dict_count", "fast", """
+def $f($a):
+    counts = {}
+    for ch in $a:
+        counts[ch] = counts.get(ch, 0) + 1
+    best = $a[0]
+    for ch in counts:
+        if counts[ch] > counts[best]:
+            best = ch
+    return best
+"""),
+    Variant("max_by_count", "slow", """
+def $f($a):
+    return max($a, key=$a.count)
+"""),
+    Variant("count_each", "slow", """
+def $f($a):
+    best = $a[0]
+    for ch in $a:
+        if $a.count(ch) > $a.count(best):
+            best = ch
+    return best
+"""),
+    Variant("alphabetical_tie", "buggy", """
+from collections import Counter
+
+def $f($a):
+    counts = Counter($a)
+    return max(sorted(counts), key=counts.get)
+"""),
+)  # fmt: skip
+
+_SUM_SQUARES = (
+    Variant("closed_form", "fast", """
+def $f($a):
+    return $a * ($a + 1) * (2 * $a + 1) // 6
+"""),
+    Variant("triangle_form", "fast", """
+def $f($a):
+    return $a * ($a + 1) // 2 * (2 * $a + 1) // 3
+"""),
+    Variant("generator_sum", "slow", """
+def $f($a):
+    return sum(i * i for i in range(1, $a + 1))
+"""),
+    Variant("loop", "slow", """
+def $f($a):
+    total = 0
+    for i in range(1, $a + 1):
+        total += i * i
+    return total
+"""),
+    Variant("excludes_n", "buggy", """
+def $f($a):
+    return sum(i * i for i in range($a))
+"""),
+)  # fmt: skip
+
+_MOD_POW = (
+    Variant("builtin_pow", "fast", """
+def $f($a, $b):
+    return pow($a, $b, 1000000007)
+"""),
+    Variant("square_multiply", "fast", """
+def $f($a, $b):
+    mod = 1000000007
+    result = 1
+    power = $a % mod
+    e = $b
+    while e > 0:
+        if e % 2 == 1:
+            result = result * power % mod
+        power = power * power % mod
+        e //= 2
+    return result
+"""),
+    Variant("loop_multiply", "slow", """
+def $f($a, $b):
+    result = 1
+    for _ in range($b):
+        result = result * $a % 1000000007
+    return result
+"""),
+    Variant("big_power", "slow", """
+def $f($a, $b):
+    return $a ** $b % 1000000007
+"""),
+    Variant("starts_at_base", "buggy", """
+def $f($a, $b):
+    result = $a
+    for _ in range($b - 1):
+        result = result * $a % 1000000007
+    return result
+"""),
+)  # fmt: skip
+
+_PALINDROME = (
+    Variant("reverse_slice", "fast", """
+def $f($a):
+    return $a == $a[::-1]
+"""),
+    Variant("join_reversed", "fast", """
+def $f($a):
+    return ''.join(reversed($a)) == $a
+"""),
+    Variant("strip_ends", "slow", """
+def $f($a):
+    while len($a) > 1:
+        if $a[0] != $a[-1]:
+            return False
+        $a = $a[1:-1]
+    return True
+"""),
+    Variant("prepend_reverse", "slow", """
+def $f($a):
+    rev = ''
+    for ch in $a:
+        rev = ch + rev
+    return rev == $a
+"""),
+    Variant("half_split", "buggy", """
+def $f($a):
+    half = len($a) // 2
+    return $a[:half] == $a[half:][::-1]
+"""),
+)  # fmt: skip
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -642,6 +1047,90 @@ FAMILIES: dict[str, Family] = {
              "checks whether $b is a rearrangement of the characters of $a and returns a bool",
              "returns True when $a and $b contain exactly the same multiset of characters, else False"),
             _ref_anagram, _small_anagram, _stress_anagram, _ANAGRAM,
+        ),
+        Family(
+            "count_distinct", 1,
+            ("count_distinct", "num_distinct", "distinct_count", "n_distinct", "count_different",
+             "distinct_values_count", "how_many_distinct", "number_of_distinct"),
+            (("nums",), ("xs",), ("values",)),
+            ("returns the number of distinct values in the list $a (0 for an empty list)",
+             "counts how many different values occur in $a, each value counted once however often it repeats",
+             "returns len of the set of values of $a, i.e. how many unique elements it contains"),
+            _ref_count_distinct, _small_count_distinct, _stress_count_distinct, _COUNT_DISTINCT,
+        ),
+        Family(
+            "first_repeat", 1,
+            ("first_repeat", "first_duplicate", "first_repeated", "earliest_repeat", "first_seen_twice",
+             "find_first_duplicate", "first_recurring", "repeat_first"),
+            (("nums",), ("items",), ("seq",)),
+            ("returns the first value of $a that occurs a second time when reading from left to right, or -1 if "
+             "all values are different",
+             "scans $a from the left and returns the first element equal to an element before it (-1 when there "
+             "is none)",
+             "returns $a[j] for the smallest j such that $a[j] == $a[i] for some i < j, or -1 if there is no such j"),
+            _ref_first_repeat, _small_first_repeat, _stress_first_repeat, _FIRST_REPEAT,
+        ),
+        Family(
+            "running_max", 1,
+            ("running_max", "prefix_max", "cumulative_max", "max_so_far", "running_maximum", "prefix_maxima",
+             "rolling_best", "max_prefix_list"),
+            (("nums",), ("xs",), ("values",)),
+            ("returns a list whose i-th element is the maximum of $a[0], ..., $a[i] (an empty list for an empty $a)",
+             "returns the running maximum of $a: for each position, the largest value seen up to and including it",
+             "builds the list of prefix maxima of $a, max($a[:i + 1]) for every index i"),
+            _ref_running_max, _small_running_max, _stress_running_max, _RUNNING_MAX,
+        ),
+        Family(
+            "is_sorted", 1,
+            ("is_sorted", "is_non_decreasing", "sorted_check", "check_sorted", "in_order", "is_ascending",
+             "already_sorted", "is_monotonic_up"),
+            (("nums",), ("xs",), ("arr",)),
+            ("returns True if the list $a is sorted in non-decreasing order (equal neighbours allowed), else False",
+             "checks whether every element of $a is <= the next one and returns a bool",
+             "returns True when $a[i] <= $a[i + 1] for every valid i (True for empty and one-element lists)"),
+            _ref_is_sorted, _small_is_sorted, _stress_is_sorted, _IS_SORTED,
+        ),
+        Family(
+            "most_common_char", 1,
+            ("most_common_char", "most_frequent_char", "top_char", "mode_char", "commonest_letter",
+             "max_char_count", "dominant_char", "most_repeated_char"),
+            (("s",), ("text",), ("word",)),
+            ("returns the character that occurs most often in the non-empty string $a; on a tie, the one that "
+             "appears first in $a",
+             "finds the most frequent character of the non-empty string $a, breaking ties by earliest first "
+             "occurrence",
+             "returns the character of $a (non-empty) with the highest count; among equally frequent characters, "
+             "the one occurring earliest in $a"),
+            _ref_most_common_char, _small_most_common_char, _stress_most_common_char, _MOST_COMMON_CHAR,
+        ),
+        Family(
+            "sum_squares", 1,
+            ("sum_squares", "sum_of_squares", "square_sum", "squares_total", "sum_sq", "total_of_squares",
+             "sum_squares_upto", "squares_up_to"),
+            (("n",), ("k",), ("m",)),
+            ("returns 1*1 + 2*2 + ... + $a*$a, the sum of the squares of 1 to $a (0 when $a is 0)",
+             "computes the sum of i**2 for i from 1 to $a inclusive ($a >= 0)",
+             "returns the total of the squares of the integers 1, 2, ..., $a (for $a >= 0)"),
+            _ref_sum_squares, _small_sum_squares, _stress_sum_squares, _SUM_SQUARES,
+        ),
+        Family(
+            "mod_pow", 2,
+            ("mod_pow", "power_mod", "pow_mod", "modular_power", "mod_exp", "expmod", "power_modulo", "modpow"),
+            (("base", "exp"), ("a", "b"), ("x", "n")),
+            ("returns ($a ** $b) % 1000000007 for integers $a >= 0 and $b >= 0",
+             "computes $a to the power $b modulo 1000000007 (with 0 ** 0 = 1)",
+             "returns the remainder of $a raised to the power $b when divided by 10**9 + 7"),
+            _ref_mod_pow, _small_mod_pow, _stress_mod_pow, _MOD_POW,
+        ),
+        Family(
+            "palindrome", 1,
+            ("is_palindrome", "palindrome", "check_palindrome", "reads_same_backwards", "is_mirror",
+             "palindrome_check", "same_both_ways", "is_symmetric_string"),
+            (("s",), ("text",), ("word",)),
+            ("returns True if the string $a reads the same forwards and backwards (case-sensitive), else False",
+             "checks whether $a is a palindrome, comparing characters exactly, and returns a bool",
+             "returns True when $a equals its own reverse (True for the empty string)"),
+            _ref_palindrome, _small_palindrome, _stress_palindrome, _PALINDROME,
         ),
     )
 }  # fmt: skip
