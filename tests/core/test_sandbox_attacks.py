@@ -730,7 +730,10 @@ def victim() -> Iterator[int]:
 
 
 def test_kill_and_ptrace_of_the_parent_and_a_neighbour(victim, contained):
-    targets = [os.getpid(), os.getppid(), victim]
+    # pid 1 is left out: when the test runs under a daemonised parent (nohup, a CI runner) os.getppid() is the host's
+    # init, and inside the sandbox's PID namespace "1" names the namespace's own init, which a process there may
+    # signal (kill returns 0, the signal is ignored): not an escape, and it failed a full run under nohup.
+    targets = [p for p in (os.getpid(), os.getppid(), victim) if p > 1]
     code = _code(
         f"""
         import ctypes, json, os, signal
