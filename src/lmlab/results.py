@@ -139,9 +139,19 @@ def evaluate_claim(
     null_clusters = clusters if claim.paired else clusters_b
     null = compare(b_vals, b_vals, clusters=null_clusters, clusters_b=None if claim.paired else clusters_b, min_n=1,
                    **kw)  # fmt: skip
-    text = claim.text or f"{claim.method} {claim.direction} {claim.baseline} on {claim.metric}"
+    n_values = None if clusters is None and clusters_b is None else len(a_vals) + (0 if claim.paired else len(b_vals))
+    return claim_result(claim, cmp, null.status, n_values=n_values)
+
+
+def claim_result(
+    claim: Claim, cmp: Any, null_status: str, *, n_values: int | None = None, reason: str | None = None
+) -> ClaimResult:
+    """The `ClaimResult` of `claim` from its `Comparison` `cmp` (`compare`, or `compare_statistic` for a statistic
+    that is not a mean of per-example values) and the status the same check gets with the baseline in the method's
+    place. A p-value the comparison does not give (NaN) is None; `reason` replaces ``cmp.reason``."""
+    p = cmp.p_value
     return ClaimResult(
-        text=text,
+        text=claim.text or f"{claim.method} {claim.direction} {claim.baseline} on {claim.metric}",
         metric=claim.metric,
         method=claim.method,
         baseline=claim.baseline,
@@ -151,16 +161,14 @@ def evaluate_claim(
         baseline_value=cmp.mean_b,
         observed_effect=cmp.effect,
         ci=(cmp.ci_low, cmp.ci_high),
-        p_value=cmp.p_value,
+        p_value=None if p is None or p != p else p,
         n=cmp.n,
         status=cmp.status,
-        reason=cmp.reason,
+        reason=cmp.reason if reason is None else reason,
         gate=claim.gate,
         mechanism=claim.mechanism,
-        n_values=None
-        if clusters is None and clusters_b is None
-        else len(a_vals) + (0 if claim.paired else len(b_vals)),
-        null_status=null.status,
+        n_values=n_values,
+        null_status=null_status,
     )
 
 

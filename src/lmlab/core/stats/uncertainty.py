@@ -741,6 +741,18 @@ def default_min_n(confidence: float) -> int:
     return max(2, math.ceil(math.log2(2.0 / (1.0 - confidence)) - 1e-12))
 
 
+def _claim_rule(direction: str, min_effect: float, confidence: float, min_n: int | None) -> tuple[int, float]:
+    """The checked arguments of a claim: (the n a decisive status needs, the threshold t on the effect), with
+    ``t = min_effect`` for ``">"`` and ``-min_effect`` for ``"<"``."""
+    if direction not in (">", "<"):
+        raise ValueError(f"direction must be '>' or '<', got {direction!r}")
+    if not math.isfinite(min_effect):
+        raise ValueError(f"min_effect must be finite, got {min_effect!r}")
+    _check_confidence(confidence)
+    need = default_min_n(confidence) if min_n is None else int(min_n)
+    return need, float(min_effect) if direction == ">" else -float(min_effect)
+
+
 def _decide(
     lo: float, hi: float, t: float, direction: Direction, n_eff: int, need: int, confidence: float
 ) -> tuple[Status, str]:
@@ -872,15 +884,9 @@ def compare(
     Returns:
         A `Comparison`.
     """
-    if direction not in (">", "<"):
-        raise ValueError(f"direction must be '>' or '<', got {direction!r}")
-    if not math.isfinite(min_effect):
-        raise ValueError(f"min_effect must be finite, got {min_effect!r}")
-    _check_confidence(confidence)
-    need = default_min_n(confidence) if min_n is None else int(min_n)
+    need, t = _claim_rule(direction, min_effect, confidence, min_n)
     # Independent streams for the CI and the p-value, both fixed by `seed`.
     boot_seed, perm_seed = (int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(2))
-    t = float(min_effect) if direction == ">" else -float(min_effect)
     alternative: Alternative = "greater" if direction == ">" else "less"
     if paired:
         if clusters_b is not None:
@@ -957,18 +963,12 @@ def compare_statistic(
     for both systems); the status follows `compare`'s decision rule on it (``n_eff`` = rows, or clusters when
     clustered). No permutation test: ``p_value`` is NaN. ``mean_a`` / ``mean_b`` hold ``stat(a)`` / ``stat(b)``.
     """
-    if direction not in (">", "<"):
-        raise ValueError(f"direction must be '>' or '<', got {direction!r}")
-    if not math.isfinite(min_effect):
-        raise ValueError(f"min_effect must be finite, got {min_effect!r}")
-    _check_confidence(confidence)
-    need = default_min_n(confidence) if min_n is None else int(min_n)
+    need, t = _claim_rule(direction, min_effect, confidence, min_n)
     effect, lo, hi = paired_bootstrap_stat(
         a, b, stat, n_resamples=n_resamples, confidence=confidence, seed=seed, clusters=clusters
     )
     n_rows = int(np.asarray(a).shape[0])
     n = n_rows if clusters is None else n_clusters(clusters)
-    t = float(min_effect) if direction == ">" else -float(min_effect)
     status, reason = _decide(lo, hi, t, direction, n, need, confidence)
     return Comparison(
         effect=float(effect),

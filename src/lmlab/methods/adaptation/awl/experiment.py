@@ -58,7 +58,7 @@ from lmlab.methods.adaptation.awl.metric import (
     tua_bootstrap_ci,
     tua_influence,
 )
-from lmlab.results import Claim, ClaimResult, MetricRow
+from lmlab.results import Claim, ClaimResult, MetricRow, claim_result
 
 # (task, digits) of the arithmetic domain: easy (1-digit add / sub) to hard (3-digit products)
 ARITH_MIX: tuple[tuple[str, int], ...] = (("add", 1), ("sub", 1), ("add", 2), ("mul", 2), ("mul", 3))
@@ -236,11 +236,9 @@ def _tua_claims(cfg: Any, systems: Sequence[str], per_item: dict[str, dict[str, 
         seed = derive_seed(cfg.seed, "claim", "awl", b, "tool_usage_acc")
         cmp = compare_tua(*rec["awl"], *rec[b], direction=">", seed=seed)
         null = compare_tua(*rec[b], *rec[b], direction=">", seed=seed, min_n=1)
-        out.append(ClaimResult(text=f"balanced tool-usage accuracy: AWL above {why} (per test item)",
-                               metric="tool_usage_acc", method="awl", baseline=b, direction=">", min_effect=0.0,
-                               method_value=cmp.mean_a, baseline_value=cmp.mean_b, observed_effect=cmp.effect,
-                               ci=(cmp.ci_low, cmp.ci_high), p_value=cmp.p_value, n=cmp.n, status=cmp.status,
-                               reason=cmp.reason, gate=True, null_status=null.status))  # fmt: skip
+        claim = Claim("tool_usage_acc", "awl", b, ">", text=f"balanced tool-usage accuracy: AWL above {why} (per "
+                      "test item)")  # fmt: skip
+        out.append(claim_result(claim, cmp, null.status))
     return out
 
 

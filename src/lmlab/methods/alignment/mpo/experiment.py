@@ -44,7 +44,7 @@ from lmlab.core.report.plotting import bar_with_ci, lines, title_for
 from lmlab.core.stats.seeding import derive_seed
 from lmlab.methods.alignment.mpo import method as M
 from lmlab.methods.alignment.mpo.task import OBJECTIVES, STOP, build_item, grade_text, make_country, usable
-from lmlab.results import Claim, ClaimResult
+from lmlab.results import Claim, ClaimResult, claim_result
 
 K = len(OBJECTIVES)
 W_METRIC = "worst_reward"
@@ -202,13 +202,8 @@ def _worst_claim(ctx: Any, claim: Claim) -> ClaimResult:
     kw = dict(direction=claim.direction, min_effect=claim.min_effect, seed=seed, clusters=ids)
     cmp = compare_statistic(a, b, _worst, **kw)
     null = compare_statistic(b, b, _worst, min_n=1, **kw)
-    return ClaimResult(
-        text=claim.text or f"{claim.method} {claim.direction} {claim.baseline} on {claim.metric}",
-        metric=claim.metric, method=claim.method, baseline=claim.baseline, direction=claim.direction,
-        min_effect=claim.min_effect, method_value=cmp.mean_a, baseline_value=cmp.mean_b,
-        observed_effect=cmp.effect, ci=(cmp.ci_low, cmp.ci_high), p_value=None, n=cmp.n, status=cmp.status,
-        reason=f"{cmp.reason} (W re-takes min_k in each resample)", gate=claim.gate, mechanism=claim.mechanism,
-        n_values=len(a), null_status=null.status)  # fmt: skip
+    return claim_result(claim, cmp, null.status, n_values=len(a),
+                        reason=f"{cmp.reason} (W re-takes min_k in each resample)")  # fmt: skip
 
 
 def _finish(ctx: Any, claims: list[Claim]) -> Any:
