@@ -1,4 +1,5 @@
-"""d_reft on SmolLM2-135M (trimmed quick preset): both interventions learn the task, D-LoReFT learns a non-zero sigma,
+"""d_reft on SmolLM2-135M (quick preset, 30 steps): both interventions learn the task (LoReFT above the bare model on
+log p(gold), the direction of the run's training gate), D-LoReFT learns a non-zero sigma,
 the robustness probes bite, and D-LoReFT is not clearly worse than LoReFT on the robustness conditions.
 
 The paper's effect (D-LoReFT above LoReFT on robustness, 1-2 points at 7B scale) is within the noise of one seed and
@@ -27,6 +28,9 @@ def test_d_reft_learns_and_is_not_less_robust(smollm2):
     assert 0.001 <= sigma <= 0.2 + 1e-6  # the official clamps
     # representation noise of 1 x RMS at layer 0 hurts the bare model: the probe is not a no-op
     assert m[("base", "acc_noise_1_L0")] < m[("base", "acc_clean_L0")]
+    # direction of the run's training gate: LoReFT puts more probability on the gold continent than the bare model
+    assert m[("loreft", "gold_logp_clean_L0")] > m[("base", "gold_logp_clean_L0")]
+    assert result.claims[0].gate and result.claims[0].baseline == "base"  # the training gate is checked first
     # the trained interventions keep (or improve) the bare model's clean accuracy
     assert m[("loreft", "acc_clean_L0")] >= m[("base", "acc_clean_L0")] - 0.1
     assert m[("d_loreft", "acc_clean_L0")] >= m[("base", "acc_clean_L0")] - 0.1

@@ -314,3 +314,34 @@ def test_layer_beyond_the_model_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"layers entries must be < 2"):
         run_method("d_reft", preset="smoke", model="tiny-llama", folder=tmp_path / "r", show_progress=False,
                    raise_errors=True, threads=1, layers=[5], write=False)  # fmt: skip
+
+
+def test_default_recipe_trains_long_enough_and_claims_start_with_the_training_gate():
+    """Issue 34 / review defect 7: 20 steps left LoReFT indistinguishable from the bare model, so the D-vs-pointwise
+    check had nothing to separate. The default now trains >= 60 steps, and the first claim, gated, is that the trained
+    LoReFT moved away from the bare model."""
+    from lmlab.methods.adaptation.d_reft.config import DReftConfig
+    from lmlab.methods.adaptation.d_reft.experiment import _claims
+
+    cfg = DReftConfig()
+    assert cfg.steps >= 60
+    assert cfg.seeds >= 2 and len(cfg.layers) >= 2  # the replicate and the early-vs-late comparison are kept
+    claims = _claims(cfg, ["paraphrase", "typo", "noise_1"])
+    first = claims[0]
+    assert first.gate and (first.method, first.baseline, first.direction) == ("loreft", "base", ">")
+    assert first.metric == f"gold_logp_clean_L{cfg.layers[0]}"
+    gated = [c for c in claims if c.gate]
+    assert gated[0] is first and len(gated) == 2  # the training gate, then D-LoReFT above LoReFT at layer 0
+
+
+def test_smoke_run_records_the_gate_metric_and_the_bare_model_row_first(tmp_path):
+    from lmlab.runner import run_method
+
+    result = run_method("d_reft", preset="smoke", model="tiny-llama", folder=tmp_path / "r", show_progress=False,
+                        raise_errors=True, threads=1, write=False)  # fmt: skip
+    m = {(r.system, r.metric): r.value for r in result.metrics}
+    for system in ("base", "loreft", "d_loreft"):
+        assert m[(system, "gold_logp_clean_L0")] <= 0.0  # a log-probability normalised over the options
+    assert result.claims[0].baseline == "base" and result.claims[0].gate
+    for name in ("accuracy", "sigma_vs_accuracy"):
+        assert result.tables[name][0]["system"] == "base", name

@@ -36,6 +36,7 @@ SPEC = register_method(
             "quick": {
                 "layers": [0],
                 "seeds": 1,
+                "steps": 30,
                 "n_test": 24,
                 "eval_mean": False,
                 "sigma_sweep": [],

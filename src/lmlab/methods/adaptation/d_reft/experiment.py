@@ -1,4 +1,4 @@
-"""Reproduction: D-LoReFT vs pointwise LoReFT at early, middle and late layers; clean / paraphrase / typo / noise.
+"""Reproduction: D-LoReFT vs pointwise LoReFT at an early and a late layer; clean / paraphrase / typo / noise.
 
 Paper claims (Deng et al., ICML 2025): distribution-wise interventions beat pointwise ones in controllability and
 robustness, work best in early layers, and a larger learned σ goes with better performance.
@@ -16,10 +16,14 @@ suite, each country under the five training templates. Evaluation: `n_test` test
 For each layer and seed, LoReFT and D-LoReFT start from the same R and W (D-LoReFT adds the log-variance network),
 see the same data order and steps. Values of all seeds are clustered by country (the independent unit).
 
-Claims: robustness accuracy (mean over the non-clean conditions, per country) of D-LoReFT above LoReFT at the
-earliest layer (gated); the same at every other layer, clean accuracy, D-LoReFT vs its mean, non-inferiority within
-`tol`, the advantage at the earliest vs the latest layer, LoReFT above the bare model (reported). The Spearman
-correlation of the learned mean σ with accuracy over layers x seeds is recorded, not gated.
+Claims, in order: (1) the training gate, "training moved the policy": the trained LoReFT puts more probability on the
+gold continent than the bare model at the earliest layer (clean prompts; log p(gold) normalised over the six options,
+per country), gated first, because a D-vs-pointwise comparison between two interventions that did not learn has
+nothing to separate; (2) robustness accuracy (mean over the non-clean conditions, per country) of D-LoReFT above LoReFT
+at the earliest layer (gated); reported: LoReFT's clean accuracy above the bare model, the same comparison at every
+other layer, clean accuracy, D-LoReFT vs its mean, non-inferiority within `tol`, the advantage at the earliest vs the
+latest layer. The Spearman correlation of the learned mean σ with accuracy over layers x seeds is recorded, not
+gated.
 """
 
 from __future__ import annotations
@@ -55,12 +59,16 @@ def _conditions(cfg: Any, clean: list[Item], para: list[Item], seed: int) -> dic
 
 
 def _score(model: Any, handle: Any, items: list[Item], prompts: dict[str, list[int]], options: list[list[int]],
-           cfg: Any, pad_id: int) -> list[int]:  # fmt: skip
+           cfg: Any, pad_id: int) -> tuple[list[int], list[float]]:  # fmt: skip
+    """Per item: the argmax hit, and log p(gold) = logsumexp(s[accepted]) - logsumexp(s) over the K options."""
     from lmlab.methods.adaptation.d_reft.method import option_logprobs
 
     ids = [prompts[it.prompt] for it in items]
     scores = option_logprobs(model, handle, ids, [options] * len(ids), batch_size=cfg.eval_batch, pad_id=pad_id)
-    return [int(int(np.argmax(s)) in it.accepted) for s, it in zip(scores, items)]
+    hits = [int(int(np.argmax(s)) in it.accepted) for s, it in zip(scores, items)]
+    gold = [float(np.logaddexp.reduce([s[i] for i in it.accepted]) - np.logaddexp.reduce(s))
+            for s, it in zip(scores, items)]  # fmt: skip
+    return hits, gold
 
 
 def run(cfg: Any, ctx: Any) -> Any:
@@ -104,6 +112,7 @@ def run(cfg: Any, ctx: Any) -> Any:
                           "example_clean": clean[0].prompt})  # fmt: skip
 
     hits: dict[tuple[str, int, str], list[int]] = defaultdict(list)  # (system, layer, condition) -> per seed x item
+    gold: dict[tuple[str, int, str], list[float]] = defaultdict(list)  # the same keys: normalised log p(gold option)
     ids_of: dict[tuple[str, int, str], list[str]] = defaultdict(list)
     sigma_points: list[dict[str, Any]] = []
     sweep: dict[float, list[int]] = defaultdict(list)
@@ -125,8 +134,9 @@ def run(cfg: Any, ctx: Any) -> Any:
             handle.noise_generator = torch.Generator().manual_seed(derive_seed(cfg.seed, "noise", layer, cond))
             if iv is not None:
                 iv.generator = torch.Generator().manual_seed(derive_seed(seed_s, "eval-eps", layer, cond))
-            h = _score(model, handle, items, prompts, options, cfg, pad_id)
+            h, g = _score(model, handle, items, prompts, options, cfg, pad_id)
             hits[(system, layer, cond)] += h
+            gold[(system, layer, cond)] += g
             ids_of[(system, layer, cond)] += [it.id for it in items]
             accs[cond] = float(np.mean(h))
         handle.input_noise = 0.0
@@ -142,6 +152,7 @@ def run(cfg: Any, ctx: Any) -> Any:
             accs = evaluate("base", layer, hd, cfg.seed)
         for cond in conds:  # deterministic: the same values for every seed, repeated to pair with the seeds' runs
             hits[("base", layer, cond)] *= cfg.seeds
+            gold[("base", layer, cond)] *= cfg.seeds
             ids_of[("base", layer, cond)] *= cfg.seeds
         samples.append({"system": "base", "layer": layer, "accuracy": accs})
     timings["base_eval_s"] = time.perf_counter() - t0
@@ -187,7 +198,7 @@ def run(cfg: Any, ctx: Any) -> Any:
                         for scale in cfg.sigma_sweep:
                             iv.noise_scale = float(scale)
                             iv.generator = torch.Generator().manual_seed(derive_seed(seed_s, "sweep", layer, scale))
-                            sweep[float(scale)] += _score(model, handle, clean_items, prompts, options, cfg, pad_id)
+                            sweep[float(scale)] += _score(model, handle, clean_items, prompts, options, cfg, pad_id)[0]
                             sweep_ids[float(scale)] += [it.id for it in clean_items]
                         iv.noise_scale = 1.0
                 timings[f"eval_s_L{layer}"] += time.perf_counter() - t2
@@ -197,6 +208,13 @@ def run(cfg: Any, ctx: Any) -> Any:
     systems = ["base", BASELINE, METHOD] + ([MEAN] if cfg.eval_mean else [])
     for layer in cfg.layers:
         for system in systems:
+            ctx.record(
+                system,
+                f"gold_logp_clean_L{layer}",
+                gold[(system, layer, "clean")],
+                clusters=ids_of[(system, layer, "clean")],
+                note=f"log p(gold continent), normalised over the {len(options)} options, clean, layer {layer}",
+            )
             for cond in conds:
                 ctx.record(system, f"acc_{cond}_L{layer}", hits[(system, layer, cond)],
                            clusters=ids_of[(system, layer, cond)], note=f"{cond} prompts, layer {layer}")  # fmt: skip
@@ -230,7 +248,12 @@ def run(cfg: Any, ctx: Any) -> Any:
     n_div = n_liv + cfg.rank * (d + 1)
     ctx.flag("parameters", {BASELINE: n_liv, METHOD: n_div, "note": "D-LoReFT adds the log-variance network"})
     ctx.flag("timings_s", {k: round(v, 2) for k, v in timings.items()})
-    ctx.table("sigma_vs_accuracy", sigma_points)
+    # the bare model's row first in every table: the untrained reference each trained system must move away from
+    base_rows = [{"layer": layer, "seed": None, "mean_sigma": None, "system": "base",
+                  "clean_acc": float(np.mean(hits[("base", layer, "clean")])),
+                  "robust_acc": float(np.mean([hits[("base", layer, c)] for c in robust])) if robust else
+                  float(np.mean(hits[("base", layer, "clean")]))} for layer in cfg.layers]  # fmt: skip
+    ctx.table("sigma_vs_accuracy", [*base_rows, *({"system": METHOD, **r} for r in sigma_points)])
     ctx.table("accuracy", [{"system": sm["system"], "layer": sm["layer"], "seed": sm.get("seed"), **sm["accuracy"]}
                            for sm in samples])  # fmt: skip
     ctx.add_samples(samples)
@@ -249,6 +272,12 @@ def _claims(cfg: Any, robust: list[str]) -> list[Claim]:
     metric = f"robust_acc_L{l0}" if robust else f"acc_clean_L{l0}"
     what = "robustness accuracy (" + ", ".join(robust) + ")" if robust else "clean accuracy"
     claims = [
+        # the training gate first: without it "D vs pointwise" may compare two interventions that learned nothing
+        Claim(f"gold_logp_clean_L{l0}", BASELINE, "base", ">",
+              text=f"training moved the policy: at layer {l0} the trained LoReFT puts more probability on the gold "
+                   "continent than the bare model (clean prompts, log p normalised over the options, per country)"),
+        Claim(f"acc_clean_L{l0}", BASELINE, "base", ">", gate=False,
+              text=f"clean accuracy at layer {l0}: the trained LoReFT above the bare model (reported)"),
         Claim(metric, METHOD, BASELINE, ">",
               text=f"{what} at layer {l0}: D-LoReFT above pointwise LoReFT (per country, all seeds)"),
         Claim(f"acc_clean_L{l0}", METHOD, BASELINE, ">", gate=False,
@@ -275,16 +304,6 @@ def _claims(cfg: Any, robust: list[str]) -> list[Claim]:
                 text=f"{what} at layer {l0}: sampling at evaluation above D-LoReFT's mean (reported)",
             )
         )
-    claims.append(
-        Claim(
-            f"acc_clean_L{l0}",
-            BASELINE,
-            "base",
-            ">",
-            gate=False,
-            text=f"clean accuracy at layer {l0}: the trained LoReFT above the bare model (sanity)",
-        )
-    )
     return claims
 
 
