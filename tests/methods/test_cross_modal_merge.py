@@ -250,9 +250,133 @@ def test_train_lora_restores_the_model_and_changes_parameters(tiny_llama, tiny_t
 def test_config_rejects_bad_values():
     from lmlab.methods.adaptation.cross_modal_merge.config import CrossModalMergeConfig
 
-    for kw, match in [({"claim_alphas": [0.7]}, "must be among alphas"), ({"alphas": [1.5]}, "numbers in"),
+    for kw, match in [({"claim_alphas": [0.6]}, "must be among alphas"), ({"alphas": [1.5]}, "numbers in"),
                       ({"claim_alphas": [1.0], "alphas": [1.0]}, "must be < 1"), ({"noise": 0.0}, "noise must be"),
                       ({"merges": ["slerp"]}, "merges entries"), ({"target_modules": ["embed_tokens"]}, "subset"),
                       ({"block_size": 0}, "block_size")]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
             CrossModalMergeConfig(**kw)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# issue 34: task-vector norms, the training gates, α on dev off the grid's edge, the base row
+
+
+def test_task_vector_norms_by_hand():
+    from lmlab.methods.adaptation.cross_modal_merge.method import task_vector_norms
+
+    # τ_a = (3, 0 | 0, 0), τ_b = (0, 4 | 0, 0) plus a tensor only τ_b has (a key missing from τ_a is no change)
+    ta = {"model.layers.0.mlp.up_proj.weight": torch.tensor([[3.0, 0.0], [0.0, 0.0]])}
+    tb = {"model.layers.0.mlp.up_proj.weight": torch.tensor([[0.0, 4.0], [0.0, 0.0]]),
+          "model.layers.1.mlp.up_proj.weight": torch.tensor([[0.0, 0.0], [0.0, 3.0]])}  # fmt: skip
+    out = task_vector_norms(ta, tb, [1.0, 0.5, 0.0])
+    assert out["norm_a"] == pytest.approx(3.0) and out["norm_b"] == pytest.approx(5.0)
+    assert out["ratio"] == pytest.approx(0.6) and out["cosine"] == pytest.approx(0.0)
+    one, half, zero = out["by_alpha"]
+    assert one["merged_norm"] == pytest.approx(3.0) and one["share_b"] == 0.0 and one["share_a"] == pytest.approx(1)
+    # 0.5 τ_a + 0.5 τ_b = (1.5, 2 | 0, 0) and (0, 0 | 0, 1.5): norm sqrt(2.25 + 4 + 2.25)
+    assert half["merged_norm"] == pytest.approx(8.5**0.5)
+    assert half["share_b"] == pytest.approx(2.5 / 8.5**0.5) and half["b_to_a"] == pytest.approx(2.5 / 1.5)
+    assert zero["merged_norm"] == pytest.approx(5.0) and zero["share_b"] == pytest.approx(1.0)
+    # parallel vectors: the merged norm is the weighted sum, not the root of the sum of squares
+    par = task_vector_norms(ta, {k: 2 * v for k, v in ta.items()}, [0.9])
+    assert par["cosine"] == pytest.approx(1.0)
+    assert par["by_alpha"][0]["merged_norm"] == pytest.approx(0.9 * 3 + 0.1 * 6)
+    with pytest.raises(ValueError, match="share a base"):
+        task_vector_norms(ta, {"model.layers.0.mlp.up_proj.weight": torch.zeros(3, 2)})
+
+
+def test_task_vector_norms_match_the_weights_of_the_merged_tiny_model(tiny_llama, tiny_tokenizer):
+    """The norms the experiment reports, from the LoRA task vectors, equal those of θ − θ_base read back from the
+    model's own state dict after applying τ_vlm, τ_reason and each merge (a hand computation on the real weights)."""
+    from peft import LoraConfig
+
+    from lmlab.methods.adaptation.cross_modal_merge.method import task_vector_norms
+    from lmlab.methods.adaptation.cross_modal_merge.proxy import (
+        DigitScorer,
+        apply_task_vector,
+        dense_task_vector,
+        train_lora,
+    )
+
+    model = copy.deepcopy(tiny_llama)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    scorer = DigitScorer(model, tiny_tokenizer, batch_size=4)
+    torch.manual_seed(0)
+    proj = GlyphProjector(25, model.config.hidden_size, 2)
+    cfg = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj", "up_proj"], lora_dropout=0.0)
+    vstate, _ = train_lora(model, scorer, _glyph_items("perception", "read", 4), cfg, steps=3, batch=2, lr=1e-2,
+                           seed=0, projector=proj)  # fmt: skip
+    rstate, _ = train_lora(model, scorer, _glyph_items("text_reason", "sum_mod10", 4), cfg, steps=3, batch=2,
+                           lr=1e-2, seed=1)  # fmt: skip
+    tau_v, tau_r = dense_task_vector(vstate), dense_task_vector(rstate)
+    base_sd = {k: v.detach().clone().double() for k, v in model.state_dict().items()}
+    base = {k: model.get_parameter(k).detach().clone() for k in tau_v}
+
+    def delta(tau):  # θ − θ_base over the whole state dict, read from the model: (all parameters,)
+        apply_task_vector(model, base, tau)
+        sd = model.state_dict()
+        return torch.cat([(sd[k].double() - base_sd[k]).flatten() for k in base_sd])
+
+    d_v, d_r = delta(tau_v), delta(tau_r)
+    out = task_vector_norms(tau_v, tau_r, [0.9, 0.5])
+    assert out["norm_a"] == pytest.approx(float(d_v.norm()), rel=1e-5)
+    assert out["norm_b"] == pytest.approx(float(d_r.norm()), rel=1e-5)
+    assert out["ratio"] == pytest.approx(float(d_v.norm() / d_r.norm()), rel=1e-5)
+    assert out["cosine"] == pytest.approx(float(d_v @ d_r / (d_v.norm() * d_r.norm())), abs=1e-5)
+    for row in out["by_alpha"]:
+        a = row["alpha"]
+        d_m = delta(linear_merge(tau_v, tau_r, a, exclude=()))
+        assert row["merged_norm"] == pytest.approx(float(d_m.norm()), rel=1e-5)
+        assert row["share_b"] == pytest.approx(float((1 - a) * d_r.norm() / d_m.norm()), rel=1e-5)
+    apply_task_vector(model, base, {})
+
+
+def test_choose_alpha_breaks_dev_ties_towards_the_paper_and_flags_a_grid_edge():
+    from lmlab.methods.adaptation.cross_modal_merge.experiment import choose_alpha
+
+    # the old rule (ties: the larger α) picked the top edge of the grid on a tie
+    assert choose_alpha({0.95: 0.25, 0.9: 0.25, 0.8: 0.25, 0.5: 0.25}) == (0.9, False)
+    assert choose_alpha({0.95: 0.2, 0.9: 0.25, 0.8: 0.25}) == (0.9, False)
+    assert choose_alpha({0.9: 0.2, 0.8: 0.3, 0.7: 0.3, 0.5: 0.1}) == (0.8, False)  # tie: the closer to 0.9
+    assert choose_alpha({0.95: 0.2, 0.9: 0.25, 0.8: 0.3, 0.5: 0.1}) == (0.8, False)  # interior winner
+    # a strict winner at either edge: the optimum may lie beyond the grid
+    assert choose_alpha({0.95: 0.2, 0.9: 0.25, 0.5: 0.4}) == (0.5, True)
+    assert choose_alpha({0.95: 0.4, 0.9: 0.25, 0.5: 0.2}) == (0.95, True)
+    assert choose_alpha({0.9: float("nan")}) == (0.9, False)  # one candidate: no dev pass
+
+
+def test_default_grid_has_the_papers_alpha_inside_and_claims_start_with_the_training_gates():
+    from lmlab.methods.adaptation.cross_modal_merge.config import CrossModalMergeConfig
+    from lmlab.methods.adaptation.cross_modal_merge.experiment import _claims
+
+    cfg = CrossModalMergeConfig()
+    assert min(cfg.claim_alphas) < 0.9 < max(cfg.claim_alphas)  # 0.9 is no edge of the dev grid
+    claims = _claims(cfg)
+    gated = [c for c in claims if c.gate]
+    assert [(c.metric, c.method, c.baseline) for c in gated] == [
+        ("perception_acc", "vlm", "base"),  # the VLM-proxy's LoRA learned to read (same projector as the base)
+        ("text_reason_acc", "reason", "base"),  # the reasoning LoRA learned the skill
+        ("mm_reason_acc", "merged", "vlm"),  # then the transfer
+    ]
+    assert claims[0] is gated[0] and claims[1] is gated[1]  # shown first
+
+
+def test_smoke_run_reports_the_norm_rows_and_the_base_on_every_probe(tmp_path):
+    from lmlab.runner import run_method
+
+    result = run_method("cross_modal_merge", preset="smoke", model="tiny-llama", folder=tmp_path / "r",
+                        show_progress=False, raise_errors=True, threads=1, write=False)  # fmt: skip
+    m = {(r.system, r.metric): r.value for r in result.metrics}
+    for metric in ("perception_acc", "mm_reason_acc", "text_reason_acc"):
+        assert ("base", metric) in m, metric  # the untrained row of every probe, the gated one included
+    assert m[("vlm", "tau_norm_ratio")] == pytest.approx(m[("vlm", "tau_norm")] / m[("reason", "tau_norm")])
+    rows = {r["alpha"]: r for r in result.tables["merge_norms"]}
+    a = result.flags["chosen_alpha"]
+    assert rows[a]["chosen"] and m[("merged", "tau_reason_share")] == pytest.approx(rows[a]["reason_share"])
+    assert rows[a]["reason_part"] == pytest.approx((1 - a) * m[("reason", "tau_norm")])
+    assert rows[1.0]["merged_norm"] == pytest.approx(m[("vlm", "tau_norm")])
+    assert rows[0.0]["merged_norm"] == pytest.approx(m[("reason", "tau_norm")])
+    assert result.flags["alpha_at_grid_edge"] is False
+    assert [c.gate for c in result.claims[:3]] == [True, True, True]

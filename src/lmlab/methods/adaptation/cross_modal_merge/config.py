@@ -19,13 +19,16 @@ class CrossModalMergeConfig(BaseConfig):
     decoder layer, trained `vlm_steps` steps on "Digit <img> is" (perception, `noise` pixel flips) mixed with
     `vlm_text_mix` of text replay ("Digit 7 is"). The reasoning model is the same base + a LoRA trained
     `reason_steps` steps on "(a + b) mod 10 =" with the digits as text. Merges: linear at every α of `alphas`
-    (the claim's α chosen on dev among `claim_alphas`), layerswap, TIES and DARE-linear. Probes (test split):
-    perception, multimodal reasoning (two glyphs) and text reasoning, scored by log-likelihood over the ten digits.
+    (the claim's α chosen on dev among `claim_alphas`), layerswap (at that α), TIES and DARE-linear. Probes (test
+    split): perception, multimodal reasoning (two glyphs) and text reasoning, scored by log-likelihood over the ten
+    digits.
     Knockout: each block of `block_size` layers reset to the base, for the VLM-proxy and the chosen merge.
 
     Args:
         alphas (`list[float]`): the linear merges evaluated (the weight of the VLM; 1.0 is the VLM itself).
-        claim_alphas (`list[float]`): the α's the claim may use, chosen on the dev split (paper: 0.9).
+        claim_alphas (`list[float]`): the α's the claim may use, chosen on the dev split (paper: 0.9; the spec's
+            {0.9, 0.8} extended on both sides so that 0.9 is not the grid's edge: dev ties go to 0.9, and a strict
+            dev winner at 0.95 or 0.5 sets the flag ``alpha_at_grid_edge``).
         perception_tol (`float`, defaults to 0.05): how far below the VLM-proxy's perception the merge may fall.
         merges (`list[str]`): other merge modes run (layerswap, ties, dare_linear).
         base_layer_num (`int`, defaults to 5): layerswap keeps layers <= this from the VLM.
@@ -42,9 +45,10 @@ class CrossModalMergeConfig(BaseConfig):
         finetune_cache (`bool`): keep the fine-tunes (LoRA factors + projector) under lmlab's cache folder.
     """
 
-    alphas: list = param([0.9, 0.8, 0.5], "linear-merge α's evaluated (weight of the VLM)",
+    alphas: list = param([0.95, 0.9, 0.8, 0.7, 0.5], "linear-merge α's evaluated (weight of the VLM)",
                          paper="0.9 for every pair; lmlab sweeps {1.0, 0.9, 0.8, 0.7, 0.5}")  # fmt: skip
-    claim_alphas: list = param([0.9, 0.8], "α's the claim may use (chosen on dev)", paper="0.9")
+    claim_alphas: list = param([0.95, 0.9, 0.8, 0.7, 0.5], "α's the claim may use (chosen on dev; ties: 0.9)",
+                               paper="0.9 (spec: max over {0.8, 0.9}; extended so 0.9 is interior)")  # fmt: skip
     perception_tol: float = param(0.05, "perception may drop this much below the VLM-proxy's (non-inferiority)",
                                   paper="'minimal impact on perception' [secondary]")  # fmt: skip
     merges: list = param(list(MERGES), "other merge modes: " + ", ".join(MERGES),

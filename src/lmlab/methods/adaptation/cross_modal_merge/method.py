@@ -19,6 +19,8 @@ Layer attribution (the paper's analysis; its exact protocol is [verify]): `layer
 set of layers to θ_base (never to zero), so the change in a probe's score measures what that block's task vector
 contributes. Layer indices are parsed as ``layers.(\\d+)`` (`layer_index`), not as the first integer of the key
 (``merge.py``'s ``extract_layer_number``, which breaks on keys with other digits).
+`task_vector_norms` gives the global ‖τ_vlm‖ / ‖τ_reason‖ and the share of each in the merged delta at each α, which
+tells "τ_reason is small" from "(1 − α) keeps it out".
 
 Every merge here is affine in the state dicts with weights summing to 1 (linear, layerswap) or is defined on task
 vectors (TIES, DARE), so the same functions applied to task vectors τ give the merged task vector: callers may work
@@ -34,6 +36,7 @@ import math
 import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -236,6 +239,58 @@ def layer_norms(tau: Mapping[str, torch.Tensor], n_layers: int) -> list[float]:
     return [math.sqrt(s) for s in sq]
 
 
+def task_vector_norms(
+    tau_a: Mapping[str, torch.Tensor], tau_b: Mapping[str, torch.Tensor], alphas: Iterable[float] = ()
+) -> dict[str, Any]:
+    """How large two task vectors are, and how much of each a linear merge carries (the dose of each).
+
+    Over every tensor of either τ (a key missing from one counts as no change there), in float64:
+
+        ‖τ‖ = sqrt(Σ_k ‖τ_k‖_F²),   cos = <τ_a, τ_b> / (‖τ_a‖ ‖τ_b‖),
+        ‖τ_α‖ = ‖α τ_a + (1 − α) τ_b‖ = sqrt(α² ‖τ_a‖² + 2 α (1 − α) <τ_a, τ_b> + (1 − α)² ‖τ_b‖²),
+
+    and per α the parts ``α ‖τ_a‖`` and ``(1 − α) ‖τ_b‖``, the share of `tau_b` in the merged delta
+    ``share_b = (1 − α) ‖τ_b‖ / ‖τ_α‖`` (≈ (1 − α) ‖τ_b‖ / (α ‖τ_a‖) when that is small and cos ≈ 0; above 1 is
+    possible when the two point apart) and ``b_to_a = (1 − α) ‖τ_b‖ / (α ‖τ_a‖)``.
+
+    With τ_a = τ_vlm and τ_b = τ_reason: ``ratio = ‖τ_a‖ / ‖τ_b‖`` large says τ_reason is small by itself; a small
+    `share_b` at a ratio near 1 says the merge weight (1 − α) is what keeps it out.
+
+    Returns:
+        ``{"norm_a", "norm_b", "ratio" (inf when ‖τ_b‖ = 0), "cosine" (nan when either is 0), "by_alpha": [{"alpha",
+        "merged_norm", "part_a", "part_b", "share_a", "share_b", "b_to_a"}, ...]}`` (nan where a norm is 0).
+    """
+    if not tau_a and not tau_b:
+        raise ValueError("both task vectors are empty; expected dicts of tensors (τ = θ − θ_base)")
+    sq_a = sq_b = dot = 0.0
+    for k in set(tau_a) | set(tau_b):
+        a, b = tau_a.get(k), tau_b.get(k)
+        if a is not None and b is not None and tuple(a.shape) != tuple(b.shape):
+            raise ValueError(f"{k}: shape {tuple(a.shape)} vs {tuple(b.shape)}; the task vectors must share a base")
+        if a is not None:
+            sq_a += float(a.double().pow(2).sum())
+        if b is not None:
+            sq_b += float(b.double().pow(2).sum())
+        if a is not None and b is not None:
+            dot += float((a.double() * b.double()).sum())
+    norm_a, norm_b = math.sqrt(sq_a), math.sqrt(sq_b)
+    nan = float("nan")
+
+    def div(x: float, y: float) -> float:
+        return x / y if y > 0 else nan
+
+    rows = []
+    for alpha in alphas:
+        al = _check_alpha("alphas entries", alpha)
+        merged = math.sqrt(max(0.0, al * al * sq_a + 2 * al * (1 - al) * dot + (1 - al) ** 2 * sq_b))
+        part_a, part_b = abs(al) * norm_a, abs(1 - al) * norm_b
+        rows.append({"alpha": al, "merged_norm": merged, "part_a": part_a, "part_b": part_b,
+                     "share_a": div(part_a, merged), "share_b": div(part_b, merged),
+                     "b_to_a": div(part_b, part_a)})  # fmt: skip
+    return {"norm_a": norm_a, "norm_b": norm_b, "ratio": norm_a / norm_b if norm_b > 0 else math.inf,
+            "cosine": div(dot, norm_a * norm_b), "by_alpha": rows}  # fmt: skip
+
+
 def effective_blocks(drops: Sequence[float]) -> float:
     """How many blocks a sensitivity profile is spread over: (Σ d)² / Σ d² of the positive drops (1: one block
     carries it all; n: uniform over n blocks); 0 when no block matters."""
@@ -288,5 +343,6 @@ __all__ = [
     "layerswap_merge",
     "linear_merge",
     "task_vector",
+    "task_vector_norms",
     "ties_merge",
 ]
