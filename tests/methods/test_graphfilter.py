@@ -236,22 +236,56 @@ def test_run_rejects_more_trained_layers_than_the_model_has(tmp_path):
 
 
 def test_ifd_is_the_conditional_over_the_alone_perplexity(tiny_llama, tiny_tokenizer):
-    from lmlab.core.inference.scoring import encode
+    from lmlab.core.inference.scoring import sequence_logprob, split_pair
 
     instr, resp = ["What is two plus two?", "Name a colour."], ["The answer is 4.", "Blue, like the sky."]
     s = M.ifd_scores(tiny_llama, tiny_tokenizer, instr, resp)
     assert np.allclose(s.ifd, s.ppl_conditional / s.ppl_alone)
-    # PPL(y) by hand: tokens 2..n of encode(y), predicted from the tokens before them
-    ids = torch.tensor([encode(tiny_tokenizer, resp[1])])
+    # PPL(y) by hand: every token of the response, predicted after the template's answer marker "\n" alone
+    ctx, cont = split_pair(tiny_tokenizer, "\n", resp[1])
+    assert cont == split_pair(tiny_tokenizer, M.format_prompt(instr[1]), resp[1])[1]  # the conditional's tokens
+    ids = torch.tensor([ctx + cont])
     with torch.no_grad():
-        lp = torch.log_softmax(tiny_llama(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])
-    assert s.ppl_alone[1] == pytest.approx(math.exp(-float(lp.mean())), rel=1e-5)
+        lp = torch.log_softmax(tiny_llama(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+    assert s.ppl_alone[1] == pytest.approx(math.exp(-float(lp[len(ctx) - 1 :].mean())), rel=1e-5)
     # PPL(y | x) by hand: the response after "{instruction}\n"
-    from lmlab.core.inference.scoring import sequence_logprob
-
     c = sequence_logprob(tiny_llama, tiny_tokenizer, M.format_prompt(instr[0]), resp[0])
     assert s.ppl_conditional[0] == pytest.approx(math.exp(-c.mean), rel=1e-5)
-    assert np.isnan(M.response_nll_alone(tiny_llama, tiny_tokenizer, ["x"])[0])  # one token: undefined
+    alone = M.response_nll_alone(tiny_llama, tiny_tokenizer, ["x", ""])
+    assert np.isfinite(alone[0]) and np.isnan(alone[1])  # one token is scored (from the marker); empty: undefined
+
+
+class _ContextFreeLM(torch.nn.Module):
+    """log p(token | anything) = one fixed unigram distribution: the instruction cannot help, so IFD must be 1."""
+
+    def __init__(self, vocab: int = 260) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.unigram = torch.nn.Parameter(4.0 * torch.randn(vocab, generator=g))
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep=0, **kw):  # noqa: ANN001
+        b, t = input_ids.shape
+        keep = logits_to_keep or t
+        return type("Out", (), {"logits": self.unigram.expand(b, keep, -1)})()
+
+
+def test_both_perplexities_average_the_same_response_tokens(tiny_tokenizer):
+    # Under a context-free LM, PPL(y | x) = PPL(y) exactly when both average the same tokens of y. The old
+    # unconditional score read encode(y) on its own: without a BOS its first token was never predicted, so the two
+    # averaged different token sets (N vs N-1) and IFD moved with the first token's log-prob alone (the review's
+    # artefact: clean tagged items ~3, untagged corruptions 0.63).
+    lm = _ContextFreeLM()
+    instr = ["What is 12 plus 30?", "Capital of Peru?", "Reverse cat.", "Hi"]
+    resp = ["SUM=(42)", "ANSWER[Lima]", "tac", "ab"]
+    s = M.ifd_scores(lm, tiny_tokenizer, instr, resp)
+    assert np.allclose(s.ifd, 1.0, rtol=1e-5), s.ifd
+    # and through the experiment's route: conditional NLL over the split_pair continuation, alone from the marker
+    from lmlab.core.inference.scoring import sequence_logprob
+
+    nll_cond = [-sequence_logprob(lm, tiny_tokenizer, M.format_prompt(x), y).mean for x, y in zip(instr, resp)]
+    assert np.allclose(M.ifd_from_nll(nll_cond, M.response_nll_alone(lm, tiny_tokenizer, resp)), 1.0, rtol=1e-5)
+    with pytest.raises(ValueError, match="template must contain"):
+        M.answer_marker("no slot")
 
 
 def test_cached_trunk_scores_equal_the_full_model_and_ifd_path(tiny_llama, tiny_tokenizer):
@@ -293,6 +327,94 @@ def test_sft_on_the_cached_trunk_lowers_the_loss_and_changes_only_the_top(tiny_l
     trained = E.sequence_scores(policy, cache, range(5))
     base = E.sequence_scores(trunk.reference, cache, range(5))
     assert sum(trained.values()) > sum(base.values())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the selection-time claim: end to end (featurisation + graph + loop), with a margin; loops alone are reported
+
+
+class _RecordingCtx:
+    def __init__(self):
+        self.values, self.tables, self.flags = {}, {}, {}
+
+    def record(self, system, metric, values, **kw):
+        self.values[(system, metric)] = list(values)
+
+    def record_value(self, system, metric, value, **kw):
+        self.values[(system, metric)] = [value]
+
+    def flag(self, key, value):
+        self.flags[key] = value
+
+    def table(self, name, rows):
+        self.tables[name] = rows
+
+
+def test_the_gated_time_claim_is_end_to_end_and_a_tie_does_not_hold():
+    from lmlab.methods.alignment.graphfilter import experiment as E
+    from lmlab.methods.alignment.graphfilter.config import GraphFilterConfig
+    from lmlab.results import evaluate_claim
+
+    cfg = GraphFilterConfig()  # IFD quality, K-center among the systems
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(WORDS, size=8)) for _ in range(120)]
+    q, emb = rng.random(120), rng.standard_normal((120, 16))
+    (claim,) = [c for c in E.end_to_end_claims(cfg, cfg.systems, 120) if c.gate]
+    assert (claim.metric, claim.method, claim.baseline, claim.direction) == ("end_to_end_s", "graphfilter", "k_center",
+                                                                              "<")  # fmt: skip
+    # the featurisation decides it: an IFD pass dearer than the embeddings fails the claim, a cheaper one passes it
+    for scoring, expect in [({"ifd": 5.0, "embed": 0.0}, "not_supported"), ({"ifd": 0.0, "embed": 5.0}, "supported")]:
+        t = E.end_to_end_times(texts, q, emb, cfg.systems, cfg, 20, scoring, repeats=6)
+        assert set(t) == {*cfg.systems, "graphfilter_naive"}
+        for system, parts in t.items():
+            assert len(parts["total_s"]) == 6
+            assert np.allclose(parts["total_s"], np.add(parts["scoring_s"], parts["build_s"]) + parts["loop_s"])
+            assert (min(parts["build_s"]) > 0) == (system in E.GRAPH_SYSTEMS)
+        assert t["graphfilter"]["scoring_s"] == [scoring["ifd"]] * 6 == t["quality_only"]["scoring_s"]
+        assert t["k_center"]["scoring_s"] == [scoring["embed"]] * 6 and t["random"]["scoring_s"] == [0.0] * 6
+        assert evaluate_claim(claim, t["graphfilter"]["total_s"], t["k_center"]["total_s"]).status == expect
+    # a 10 ms edge (the README's quiet loop-only tie, 0.07 vs 0.08 s) is inside the margin: it does not hold
+    tie = evaluate_claim(claim, [0.07, 0.071, 0.069, 0.07, 0.072, 0.07], [0.08, 0.081, 0.079, 0.08, 0.08, 0.082])
+    assert tie.status == "not_supported"
+    # with the oracle as Q the quality costs nothing: not the paper's pipeline, reported only
+    oracle = GraphFilterConfig(quality="oracle")
+    assert [c.gate for c in E.end_to_end_claims(oracle, oracle.systems, 120)] == [False]
+    assert E.end_to_end_claims(cfg, ["graphfilter", "random"], 120) == []
+
+
+def test_loop_only_timing_is_reported_not_gated_and_end_to_end_is_recorded_for_every_selector():
+    from lmlab.methods.alignment.graphfilter import experiment as E
+    from lmlab.methods.alignment.graphfilter.config import GraphFilterConfig
+
+    cfg = GraphFilterConfig(timing_pool=100, timing_repeats=2)
+    ctx = _RecordingCtx()
+    claims = E._timing(cfg, ctx)
+    assert claims and not any(c.gate for c in claims)  # loop-only: info rows
+    assert len(ctx.values[("graphfilter", "loop_time_s")]) == 2
+    pool = [E.Item(str(i), "arithmetic", f"What is {i} plus {i + 1}?", str(2 * i + 1), f"SUM=({2 * i + 1})")
+            for i in range(40)]  # fmt: skip
+    rng = np.random.default_rng(1)
+    claims = E._end_to_end(cfg, ctx, pool, rng.random(40), rng.standard_normal((40, 8)), {"ifd": 2.0, "embed": 0.5},
+                           cfg.systems)  # fmt: skip
+    assert [c.gate for c in claims] == [True]
+    for system in (*cfg.systems, "graphfilter_naive"):
+        assert len(ctx.values[(system, "end_to_end_s")]) == 2
+    rows = {r["system"]: r for r in ctx.tables["selection_cost"]}
+    assert rows["graphfilter"]["median_total_s"] >= 2.0 and rows["k_center"]["median_scoring_s"] == 0.5
+    assert rows["diversity_only"]["median_scoring_s"] == 0.0 and rows["diversity_only"]["median_build_s"] > 0
+
+
+def test_smoke_run_records_end_to_end_time_for_every_selector(tmp_path):
+    from lmlab.runner import run_method
+
+    result = run_method("graphfilter", preset="smoke", write=False, show_progress=False, raise_errors=True,
+                        threads=1, timing_repeats=2)  # fmt: skip
+    e2e = {m.system for m in result.metrics if m.metric == "end_to_end_s"}
+    assert e2e == {*result.config["systems"], "graphfilter_naive"}
+    (claim,) = [c for c in result.claims if c.metric == "end_to_end_s"]
+    assert claim.gate and claim.baseline == "k_center" and claim.min_effect == result.config["time_margin_s"]
+    assert {r["system"] for r in result.tables["selection_cost"]} == e2e
+    assert np.isfinite(result.flags["ifd"]["mean_clean"])
 
 
 # ---------------------------------------------------------------------------------------------------------------

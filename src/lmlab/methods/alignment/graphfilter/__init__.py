@@ -62,6 +62,7 @@ __getattr__, _LAZY = lazy_exports(
         "IFDScores",
         "NgramGraph",
         "Selection",
+        "answer_marker",
         "build_ngram_graph",
         "format_prompt",
         "graphfilter_select",

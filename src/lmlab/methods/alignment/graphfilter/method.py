@@ -9,9 +9,12 @@ quality score (see the README's Deviations for what is unconfirmed). Pure: no I/
   tfidf(u, v) when n-gram v occurs in u. scikit-learn's `TfidfVectorizer` gives it directly: its (|U|, |V|) CSR
   matrix *is* the weighted bi-adjacency matrix (`build_ngram_graph`).
 * Quality Q(u): SuperFilter, i.e. IFD from a small LM (Li et al., Superfiltering, ACL 2024; code
-  ``tianyi-lab/Superfiltering/code_ifd``): IFD(x, y) = PPL(y | x) / PPL(y), prompt ``"{instruction}\\n"``, PPL(y)
-  from the response alone; examples with IFD >= 1 are dropped (``select_data.py --filter_threash 1``) and higher
-  IFD is selected. Here dropped examples keep the floor quality ε (`quality_from_ifd`, `rescale_quality`).
+  ``tianyi-lab/Superfiltering/code_ifd``), prompt ``"{instruction}\\n"``, over the same N response tokens in both
+  perplexities (`ifd_scores`):
+      IFD(x, y) = exp(−1/N Σ_{i=1..N} log p(y_i | x ⊕ a, y_<i)) / exp(−1/N Σ_{i=1..N} log p(y_i | a, y_<i)),
+  a = the template's text after the instruction (``"\\n"``). Examples with IFD >= 1 are dropped
+  (``select_data.py --filter_threash 1``) and higher IFD is selected. Here dropped examples keep the floor quality
+  ε (`quality_from_ifd`, `rescale_quality`).
 * Priority φ(u) = Q(u) · D(u) (multiplicative; ``combine="add"`` gives the additive ablation
   Q̃(u) + λ · D(u) / D_max with min-max normalised Q̃).
 * Loop: select u* = argmax φ, mark every n-gram adjacent to u* covered (the "removed" n-gram nodes), recompute the
@@ -475,27 +478,50 @@ def ifd_from_nll(nll_conditional: Any, nll_alone: Any) -> np.ndarray:
     return np.exp(np.asarray(nll_conditional, dtype=np.float64) - np.asarray(nll_alone, dtype=np.float64))
 
 
-def response_nll_alone(model: Any, tokenizer: Any, responses: Sequence[str], *, batch_size: int = 8) -> np.ndarray:
-    """Mean NLL of each response without its instruction: tokens 2..n of ``encode(response)`` predicted from the
-    first (Superfiltering's ``get_perplexity_and_embedding_whole_text``, labels = input ids; a tokenizer that adds
-    a BOS token predicts every token from it). NaN for a response with a single token."""
-    import torch
+def answer_marker(template: str = PROMPT_TEMPLATE) -> str:
+    """The template's text after the instruction (``"\\n"`` for Superfiltering's plain format): the context of the
+    unconditional score, so that PPL(y) and PPL(y | x) predict the same response tokens from the same marker."""
+    if "{instruction}" not in template:
+        raise ValueError(f"template must contain '{{instruction}}', got {template!r}")
+    return template.rsplit("{instruction}", 1)[1]
 
-    from lmlab.core.inference.scoring import _left_pad, encode, token_logprobs
 
-    rows = [encode(tokenizer, r) for r in responses]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    device = next(model.parameters()).device
-    out = np.full(len(rows), np.nan)
-    for s in range(0, len(rows), batch_size):
-        chunk = rows[s : s + batch_size]
-        ids, mask, _ = _left_pad(chunk, int(pad), device)
-        with torch.no_grad():
-            lp = token_logprobs(model, ids, mask)  # (b, T-1), 0 off the predicted tokens
-        n_tok = (mask[:, 1:] * mask[:, :-1]).sum(-1)
-        for j in range(len(chunk)):
-            if int(n_tok[j]) > 0:
-                out[s + j] = -float(lp[j].sum()) / int(n_tok[j])
+def response_nll_alone(
+    model: Any, tokenizer: Any, responses: Sequence[str], *, template: str = PROMPT_TEMPLATE, batch_size: int = 8
+) -> np.ndarray:
+    """Mean NLL of each response without its instruction, over the tokens the conditional score averages:
+
+        NLL(y) = −1/N Σ_{i=1..N} log p(y_i | a, y_<i),   a = `answer_marker(template)` (``"\\n"``),
+
+    y_1..y_N = the continuation of ``split_pair(a, y)``: the same N tokens that PPL(y | x) scores after
+    ``template.format(instruction=x)``, which ends in `a` (the prompt/response boundary is the one of
+    `lmlab.core.inference.scoring.split_pair` in both). NaN for an empty response.
+
+    Why the marker: ``encode(y)`` scored on its own (Superfiltering's ``get_perplexity_and_embedding_whole_text``,
+    labels = input ids) predicts tokens 2..N only, when the tokenizer adds no BOS (GPT-2, SmolLM2), while PPL(y | x)
+    predicts all N; on a response of a few tokens whose first token is a novel tag that token alone decides the ratio.
+    Cherry_LLM, the code that defined IFD, scores PPL(y) over the response span of ``"### Response:" + y``, the
+    marker its prompts end in, for the same tokens. A template with nothing after the instruction falls back to the
+    BOS token (EOS where there is none) as the context.
+    """
+    from lmlab.core.inference.scoring import _pad_id, continuation_logprobs, split_pair
+
+    marker = answer_marker(template)
+    start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    contexts, conts = [], []
+    for r in responses:
+        ctx_ids, cont = split_pair(tokenizer, marker, r)
+        if not ctx_ids and start_id is None:
+            raise ValueError("the template ends with its instruction and the tokenizer has no BOS/EOS to score y from")
+        contexts.append(ctx_ids or [int(start_id)])  # (|a|,) or the start token: every y_i has a predicting position
+        conts.append(cont)
+    out = np.full(len(conts), np.nan)
+    if not conts:
+        return out
+    scored = continuation_logprobs(model, contexts, conts, batch_size=batch_size, pad_id=_pad_id(tokenizer))
+    for j, (lp, _) in enumerate(scored):
+        if lp:
+            out[j] = -float(sum(lp)) / len(lp)
     return out
 
 
@@ -510,8 +536,9 @@ def ifd_scores(
 ) -> IFDScores:
     """SuperFilter IFD of (instruction, response) pairs with a (small) causal LM.
 
-    PPL(y | x) scores the response after ``template.format(instruction=x)`` (boundary: `lmlab.core.inference.scoring.
-    split_pair`), PPL(y) the response alone (`response_nll_alone`). Example:
+    PPL(y | x) scores the N response tokens after ``template.format(instruction=x)`` (boundary: `lmlab.core.
+    inference.scoring.split_pair`), PPL(y) the same N tokens after the template's answer marker alone
+    (`response_nll_alone`), so IFD = exp(mean_i NLL(y_i | x, a, y_<i) − mean_i NLL(y_i | a, y_<i)). Example:
         >>> s = ifd_scores(model, tok, ["What is 2+2?"], ["The answer is 4."])
         >>> quality = quality_from_ifd(s.ifd)         # IFD >= 1 filtered, higher selected
     """
@@ -528,5 +555,5 @@ def ifd_scores(
     with torch.no_grad():
         cond = seq_logprobs(model, tokenizer, prompts, responses, padding_side="left", batch_size=batch_size)
     nll_cond = -cond.mean.double().numpy()
-    nll_alone = response_nll_alone(model, tokenizer, responses, batch_size=batch_size)
+    nll_alone = response_nll_alone(model, tokenizer, responses, template=template, batch_size=batch_size)
     return IFDScores(ifd_from_nll(nll_cond, nll_alone), np.exp(nll_cond), np.exp(nll_alone))
