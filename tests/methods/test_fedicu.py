@@ -348,3 +348,67 @@ def test_fedprox_mu_and_fedicu_rho_get_the_same_tuning_budget_and_keep_the_probe
         assert m[(system, "server_probe_loss")] == losses[best]
     assert result.flags["upload_ratio_fedavg_over_fedicu"] > 1.0
     assert any(c.mechanism for c in result.claims)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the experiment's design (issue 34): a probe free of the scored families, a domain-learning gate, the base row
+
+
+def test_server_probe_holds_no_general_probe_family(tiny_tokenizer):
+    """The probe FedICU reads every round (λ, divergence weights; FedProx's μ pick) must not contain the families
+    the gated general-probe NLL is scored on (the old 24-item probe over all 7 families reached the general ones)."""
+    from lmlab import data as lmdata
+    from lmlab.config import build_config
+    from lmlab.methods.adaptation.fedicu.config import FedICUConfig
+    from lmlab.methods.adaptation.fedicu.experiment import load_bank
+
+    cfg = build_config(FedICUConfig, {"train_per_client": 2, "eval_per_client": 2, "general_pool": 2})
+    bank = load_bank(lambda n, **kw: lmdata.load("taskbank", n, seed=cfg.seed, **kw), tiny_tokenizer, cfg)
+    # taskbank ids are "taskbank/<domain>/<task>/<key>": the family is read off the item, not off the bank's label
+    probe_fams = {"/".join(i.split("/")[1:3]) for i in bank.probe_ids}
+    assert len(bank.probe) == len(bank.probe_ids) == cfg.probe_size
+    assert not probe_fams & set(cfg.general_families), probe_fams
+    assert probe_fams == set(cfg.clients)  # every client domain is represented
+    assert set(bank.probe_family) == probe_fams
+    gen_fams = {"/".join(i.split("/")[1:3]) for i in bank.gen_ids}
+    assert gen_fams == set(cfg.general_families)  # the general probe itself is unchanged
+
+
+def test_the_domain_learning_gate_comes_first_and_the_drift_claim_says_what_it_measures():
+    from lmlab.config import build_config
+    from lmlab.methods.adaptation.fedicu.config import FedICUConfig
+    from lmlab.methods.adaptation.fedicu.experiment import claims
+
+    BASE, DNLL, DRIFT = "round0", "domain_nll", "general_nll_drift"  # literals: the recorded names are the contract
+    cfg = build_config(FedICUConfig, {"systems": ["fedavg", "fedprox", "fedicu", "split_only"]})
+    out = claims(cfg, cfg.systems)
+    first = out[0]
+    assert (first.metric, first.method, first.baseline, first.direction, first.gate) == (DNLL, "fedicu", BASE, "<",
+                                                                                         True)  # fmt: skip
+    gated = [c for c in out if c.gate]
+    assert [c.metric for c in gated] == [DNLL, DRIFT, DRIFT]
+    assert all("positive transfer" in c.text and "forgetting" not in c.text for c in gated if c.metric == DRIFT)
+    assert not any("less forgetting" in c.text for c in out)
+    # every other system's domain learning is reported against the base model too
+    assert {c.method for c in out if c.metric == DNLL and c.baseline == BASE} == set(cfg.systems)
+
+
+def test_a_run_that_does_not_move_fails_the_domain_gate_and_the_base_row_comes_first():
+    """lr ~ 0: every system stays at the base model. The old gated check (drift below FedAvg's) could be won by a
+    method that moves less; the domain-learning gate must then fail, so the verdict cannot be "supported"."""
+    from lmlab.runner import run_method
+
+    BASE, DNLL, DACC = "round0", "domain_nll", "domain_acc"
+    FORGET, DRIFT, PROBE = "general_forgetting", "general_nll_drift", "server_probe_loss"
+
+    result = run_method("fedicu", preset="smoke", write=False, show_progress=False, raise_errors=True, threads=1,
+                        limit=3, n_seeds=1, lr=1e-12)  # fmt: skip
+    gate = result.claims[0]
+    assert (gate.metric, gate.method, gate.baseline, gate.gate) == (DNLL, "fedicu", BASE, True)
+    assert gate.status != "supported" and result.status != "supported"
+    assert abs(gate.observed_effect) < 1e-4  # nothing moved
+    # the base model (round 0) is the first row of the metrics and of the rounds table, on every scored metric
+    assert result.metrics[0].system == BASE and result.tables["rounds"][0]["system"] == BASE
+    assert {r.metric for r in result.metrics if r.system == BASE} == {DNLL, DACC, FORGET, DRIFT, PROBE}
+    m = {(r.system, r.metric): r.value for r in result.metrics}
+    assert all((s, DNLL) in m for s in ("fedavg", "fedprox", "fedicu"))

@@ -6,19 +6,25 @@ federated approaches on both generalization (less forgetting of general capabili
 
 Design. One client per task-bank family of `client_families` (non-IID: a domain each). Every system trains the same
 LoRA on the top `train_layers` blocks over a frozen trunk cached once (`lmlab.core.training.partial`), from the same
-initial
-adapter per seed, with the same local optimiser, steps and data order; the engine is
+initial adapter per seed, with the same local optimiser, steps and data order; the engine is
 `lmlab.core.federated.engine.simulate` (the Flower apps call the very same functions; `flower_setup` builds this
 experiment for them). Systems: FedAvg (`lmlab.core.federated.engine.FedProx` with μ = 0: FedAvg's server rule with the
 shared local optimiser), FedProx (μ picked from `mu_grid`), FedICU (ρ picked from `rho_grid`; equal tuning budget:
-both picked per seed by the final loss on the server's probe set, dev split), optional ``fedicu_cosine`` (the
-no-server-data fallback) and ``split_only`` (ρ = 1). After the last round: domain accuracy (4-option log-likelihood
-argmax on held-out items of each client's family) and, on the general probe (families no client trains on, items
-the base model gets right), the accuracy drop ("forgetting") and the answer-NLL drift from the base model.
+both picked per seed by the final loss on the server's probe set), optional ``fedicu_cosine`` (the no-server-data
+fallback) and ``split_only`` (ρ = 1). The server probe is dev-split items of the *client* families only: the general
+families are what the general-probe metric scores, and a probe that held them would let FedICU (which consults it
+every round for λ and the divergence weights) tune on the scored families while FedAvg never sees them.
+The base model (LoRA B = 0, recorded as ``round0``) is scored on every metric and is the first row of every table.
+After the last round: on held-out items of each client's family (test split), the gold answer's NLL (`domain_nll`,
+the domain-learning metric) and the 4-option log-likelihood argmax accuracy; on the general probe (families no client
+trains on, items the base model gets right), the accuracy drop and the gold-answer NLL change from the base model.
 
-Claims (computed from this run). Gated: FedICU's general-probe NLL drift below FedAvg's and below tuned FedProx's
-(paired by probe item; both seeds' values of an item form one cluster), and domain accuracy non-inferior to FedAvg
-within `domain_tol` (clusters: seed x client). Reported: domain accuracy above FedAvg / FedProx / round 0,
+Claims (computed from this run), in order. (1) Gated training gate: FedICU's held-out domain NLL below the base
+model's (clusters: seed x client); without it a method that moves less than FedAvg could win the general-probe check
+by learning nothing. (2) Gated: FedICU's general-probe NLL below FedAvg's and below tuned FedProx's (positive
+transfer: the drift is negative for every system, so this is not "less forgetting"; paired by probe item, both
+seeds' values of an item form one cluster). Reported: every other system's domain NLL vs the base model, FedICU's
+domain NLL vs FedAvg's, domain accuracy (non-inferiority within `domain_tol`; above FedAvg / FedProx / round 0),
 forgetting (accuracy) vs FedAvg / FedProx, the cosine fallback and the ρ = 1 ablation. Mechanism: FedICU uploads
 fewer floats than FedAvg (counted on the received payloads).
 """
@@ -38,7 +44,9 @@ import torch
 from lmlab.core.stats.seeding import derive_seed
 from lmlab.results import Claim
 
-DACC, FORGET, DRIFT, PROBE = "domain_acc", "general_forgetting", "general_nll_drift", "server_probe_loss"
+DACC, DNLL, FORGET, DRIFT, PROBE = ("domain_acc", "domain_nll", "general_forgetting", "general_nll_drift",
+                                    "server_probe_loss")  # fmt: skip
+BASE = "round0"  # the base model (LoRA B = 0): every system's round-0 state
 
 
 @dataclass
@@ -59,6 +67,7 @@ class Bank:
     gen_ids: list[str]
     probe: list[tuple[list[int], int]]
     probe_ids: list[str] = field(default_factory=list)
+    probe_family: list[str] = field(default_factory=list)
 
 
 def _split(fam: str) -> tuple[str, str]:
@@ -86,9 +95,11 @@ def load_bank(load: Callable[..., list[Any]], tok: Any, cfg: Any) -> Bank:
     train, train_client = [], []
     ev: dict[str, list[Any]] = defaultdict(list)
     gen: dict[str, list[Any]] = defaultdict(list)
-    probe, probe_ids = [], []
-    fams = [*cfg.clients, *cfg.general_families]
-    per_probe = math.ceil(cfg.probe_size / len(fams))
+    probe, probe_ids, probe_family = [], [], []
+    # the server probe holds the client families only: the general families are scored by the general-probe metric,
+    # and FedICU reads the probe every round (λ, divergence weights) while FedAvg never does
+    probe_fams = list(cfg.clients)
+    per_probe = math.ceil(cfg.probe_size / len(probe_fams))
     for c, fam in enumerate(cfg.clients):
         domain, task = _split(fam)
         tr = load(cfg.train_per_client, split="train", domain=domain, task=task, n_choices=0)
@@ -98,12 +109,14 @@ def load_bank(load: Callable[..., list[Any]], tok: Any, cfg: Any) -> Bank:
     for fam in cfg.general_families:
         domain, task = _split(fam)
         options(load(cfg.general_pool, split="test", domain=domain, task=task, n_choices=cfg.n_choices), fam, gen)
-    for fam in fams:
+    for fam in probe_fams:
         domain, task = _split(fam)
         for e in load(per_probe, split="dev", domain=domain, task=task, n_choices=0):
             probe.append(answer_request(e))
             probe_ids.append(e.id)
-    probe, probe_ids = probe[: cfg.probe_size], probe_ids[: cfg.probe_size]
+            probe_family.append(fam)
+    probe, probe_ids, probe_family = (probe[: cfg.probe_size], probe_ids[: cfg.probe_size],
+                                      probe_family[: cfg.probe_size])  # fmt: skip
     missing = [c for c in range(len(cfg.clients)) if c not in train_client]
     if missing or not ev["ids"] or not gen["ids"] or not probe:
         raise ValueError(f"the task bank gave {len(train)} training items (clients without any: {missing}), "
@@ -111,7 +124,7 @@ def load_bank(load: Callable[..., list[Any]], tok: Any, cfg: Any) -> Bank:
                          "items; expected at least one of each per client (check the families, --limit)")  # fmt: skip
     return Bank(enc(train), train_client, enc(ev["opts"]), ev["item"], ev["gold"], ev["family"], ev["ids"],
                 enc(gen["opts"]), gen["item"], gen["gold"], gen["family"], gen["ids"], enc(probe),
-                probe_ids)  # fmt: skip
+                probe_ids, probe_family)  # fmt: skip
 
 
 def lora_init(task: Any, seed: int) -> OrderedDict[str, torch.Tensor]:
@@ -157,9 +170,10 @@ class Scorer:
     def full(self, state: Mapping[str, torch.Tensor]) -> dict[str, list[float]]:
         self.task.set_state(state)
         self.task.module.eval()
-        d_hits, _ = self._mc("eval", self.bank.eval_opt_item, self.bank.eval_gold)
+        d_hits, d_nll = self._mc("eval", self.bank.eval_opt_item, self.bank.eval_gold)
         g_hits, g_nll = self._mc("gen", self.bank.gen_opt_item, self.bank.gen_gold)
-        return {"domain_hits": d_hits, "gen_hits": g_hits, "gen_nll": g_nll, "probe": [self.probe_loss(state)]}
+        return {"domain_hits": d_hits, "domain_nll": d_nll, "gen_hits": g_hits, "gen_nll": g_nll,
+                "probe": [self.probe_loss(state)]}  # fmt: skip
 
 
 @dataclass
@@ -320,53 +334,75 @@ def run(cfg: Any, ctx: Any) -> Any:
         for system, key, grid in (("fedicu", "rho", rhos), ("fedprox", "mu", mus)):
             if system in systems:
                 picked[key].append(pick(system, key, grid, i))
-    ctx.table("rounds", rows)
+    # the base model's rows first: every system starts each seed from it (round 0, nothing uploaded yet)
+    base_rows = [{"seed": i, "system": BASE, "round": 0, PROBE: built.base["probe"][0], "uploaded_floats": 0,
+                  "uploaded_bytes": 0, "seconds": 0.0} for i in range(cfg.n_seeds)]  # fmt: skip
+    ctx.table("rounds", [*base_rows, *rows])
     ctx.flag("picked_rho_per_seed", picked["rho"])
     if "fedprox" in systems:
         ctx.flag("picked_mu_per_seed", picked["mu"])
+    ctx.flag("server_probe_families", sorted(set(bank.probe_family)))
 
     seeds = range(cfg.n_seeds)
     d_clusters = [f"s{i}/{f}" for i in seeds for f in bank.eval_family]  # seed x client
     g_clusters = [bank.gen_ids[j] for _ in seeds for j in keep]  # probe item (seeds nested)
     names = [*systems, *[v for _, v, _ in runs if v not in systems]]
+    # the base model: the same values for every seed, repeated to pair with the seeds' runs (recorded first, so it is
+    # the first row of the metrics table); its drift and forgetting are 0 by definition
+    b0 = built.base
+    ctx.record(BASE, DNLL, [v for _ in seeds for v in b0["domain_nll"]], clusters=d_clusters, unit="nats",
+               note="the base model (LoRA B = 0): held-out domain gold-answer NLL")  # fmt: skip
+    ctx.record(BASE, DACC, [h for _ in seeds for h in b0["domain_hits"]], clusters=d_clusters,
+               note="the base model (LoRA B = 0)")  # fmt: skip
+    ctx.record(BASE, FORGET, [1.0 - b0["gen_hits"][j] for _ in seeds for j in keep], clusters=g_clusters,
+               note="the base model: 0 on its base-correct items (unless the fallback kept all)")  # fmt: skip
+    ctx.record(BASE, DRIFT, [0.0 for _ in seeds for _ in keep], clusters=g_clusters, unit="nats",
+               note="the base model: 0 by definition")  # fmt: skip
+    ctx.record(BASE, PROBE, [b0["probe"][0] for _ in seeds], clusters=[f"s{i}" for i in seeds], unit="nats",
+               note="the base model's server-probe loss")  # fmt: skip
     for name in names:
         if (name, 0) not in res:
             continue
         per = [res[(name, i)] for i in seeds]
         label = f" [{cfg.faithful_label}]" if name.startswith(("fedicu", "split")) else ""
         note = f"{cfg.rounds} rounds x {len(built.clients)} clients, {cfg.n_seeds} seed(s){label}"
+        ctx.record(name, DNLL, [v for r in per for v in r["domain_nll"]], clusters=d_clusters, unit="nats",
+                   note=f"held-out domain gold-answer NLL (summed over answer tokens); {note}")  # fmt: skip
         ctx.record(name, DACC, [h for r in per for h in r["domain_hits"]], clusters=d_clusters, note=note)
         ctx.record(name, FORGET, [1.0 - r["gen_hits"][j] for r in per for j in keep], clusters=g_clusters,
                    note="1 - accuracy on base-correct general items")  # fmt: skip
-        ctx.record(name, DRIFT, [r["gen_nll"][j] - built.base["gen_nll"][j] for r in per for j in keep],
+        ctx.record(name, DRIFT, [r["gen_nll"][j] - b0["gen_nll"][j] for r in per for j in keep],
                    clusters=g_clusters, unit="nats",
-                   note="gold-answer NLL - base NLL (signed; lower is better, > 0 is forgetting)")  # fmt: skip
+                   note="gold-answer NLL - base NLL (signed; < 0: positive transfer, > 0: forgetting)")  # fmt: skip
         ctx.record(name, PROBE, [r["probe"][0] for r in per], clusters=[f"s{i}" for i in seeds], unit="nats",
-                   note="final server-probe loss (dev split; the selection criterion)")  # fmt: skip
+                   note="final server-probe loss (client families' dev items; the selection criterion)")  # fmt: skip
         ctx.record(name, "uploaded_floats", [f for r in per for f in r["floats"]], unit="floats",
                    note="per client and round, counted on the received payloads")  # fmt: skip
         ctx.record(name, "uploaded_bytes", [b for r in per for b in r["bytes"]], unit="bytes",
                    note="per client and round (values + int32 indices)")  # fmt: skip
         ctx.record_value(name, "wall_clock", float(sum(r["seconds"] for r in per)), unit="s",
                          note="all seeds, final evaluation included")  # fmt: skip
-    ctx.record("round0", DACC, [h for _ in seeds for h in built.base["domain_hits"]], clusters=d_clusters,
-               note="the base model (LoRA B = 0)")  # fmt: skip
     ratio = float(np.mean(ctx.values("fedavg", "uploaded_floats")) / np.mean(ctx.values("fedicu", "uploaded_floats")))
     ctx.flag("upload_ratio_fedavg_over_fedicu", ratio)
-    _figure(ctx, cfg, [*names, "round0"])
+    _figure(ctx, cfg, [BASE, *names])
     ctx.note(f"{cfg.faithful_label}: LoRA r={cfg.rank} on {', '.join(cfg.target_modules)} of the top "
              f"{cfg.train_layers} blocks ({d} params); {len(built.clients)} non-IID clients "
              f"({', '.join(cfg.clients)}), {cfg.rounds} rounds x {cfg.local_steps} {cfg.optimizer} steps of "
-             f"{cfg.local_batch}; rho from {rhos}, FedProx mu from {mus} (picked per seed by the server probe); "
-             f"general probe: {len(keep)} base-correct items of {', '.join(cfg.general_families)}.")  # fmt: skip
+             f"{cfg.local_batch}; rho from {rhos}, FedProx mu from {mus} (picked per seed by the server probe: "
+             f"{len(bank.probe)} dev items of the client families); general probe: {len(keep)} base-correct items of "
+             f"{', '.join(cfg.general_families)}.")  # fmt: skip
     return ctx.finish(claims(cfg, systems))
 
 
 def claims(cfg: Any, systems: Sequence[str]) -> list[Claim]:
     lab = cfg.faithful_label
     out = [
+        # the training gate first: a general-probe check alone can be won by a system that moves (and learns) less
+        Claim(DNLL, "fedicu", BASE, "<",
+              text=f"{lab} learned the client domains: held-out domain gold-answer NLL below the base model's "
+                   "(round 0; clusters seed x client)"),
         Claim(DRIFT, "fedicu", "fedavg", "<",
-              text=f"{lab}: general-probe NLL drift from the base model below FedAvg's (less forgetting)"),
+              text=f"{lab}: general-probe NLL below FedAvg's (positive transfer)"),
         # a non-inferiority guard passes for two identical systems, so it is reported, never gated
         Claim(DACC, "fedicu", "fedavg", ">", min_effect=-cfg.domain_tol, gate=False,
               text=f"{lab}: domain accuracy not below FedAvg's by more than {cfg.domain_tol:g} (non-inferiority; "
@@ -374,7 +410,7 @@ def claims(cfg: Any, systems: Sequence[str]) -> list[Claim]:
     ]  # fmt: skip
     if "fedprox" in systems:
         out.append(Claim(DRIFT, "fedicu", "fedprox", "<",
-                         text=f"{lab}: general-probe NLL drift below tuned FedProx's"))  # fmt: skip
+                         text=f"{lab}: general-probe NLL below tuned FedProx's (positive transfer)"))  # fmt: skip
         out.append(Claim(DACC, "fedicu", "fedprox", ">", gate=False,
                          text=f"{lab}: domain accuracy above tuned FedProx's (reported)"))  # fmt: skip
         out.append(
@@ -388,21 +424,30 @@ def claims(cfg: Any, systems: Sequence[str]) -> list[Claim]:
             )
         )
     out += [
+        Claim(DNLL, "fedicu", "fedavg", "<", gate=False,
+              text=f"{lab}: held-out domain NLL below FedAvg's (reported; above it means FedICU learned less)"),
         Claim(DACC, "fedicu", "fedavg", ">", gate=False, text=f"{lab}: domain accuracy above FedAvg's (reported)"),
         Claim(FORGET, "fedicu", "fedavg", "<", min_effect=-cfg.probe_tol, gate=False,
               text=f"{lab}: general-probe forgetting within {cfg.probe_tol:g} of FedAvg's or below (reported)"),
         Claim(FORGET, "fedicu", "fedavg", "<", gate=False,
               text=f"{lab}: general-probe forgetting (accuracy drop) below FedAvg's (reported)"),
-        Claim(DACC, "fedicu", "round0", ">", gate=False,
+        Claim(DACC, "fedicu", BASE, ">", gate=False,
               text=f"{lab}: domain accuracy above the base model's (reported)"),
     ]  # fmt: skip
+    # the same domain-learning check for every other system (reported): did each baseline learn the domains?
+    for s in systems:
+        if s != "fedicu":
+            who = f"{lab}, {s}" if s.startswith(("fedicu", "split")) else s
+            out.append(Claim(DNLL, s, BASE, "<", gate=False,
+                             text=f"{who}: held-out domain NLL below the base model's (reported)"))  # fmt: skip
     if "split_only" in systems:
         out.append(Claim(DRIFT, "fedicu", "split_only", "<", gate=False,
-                         text=f"{lab}: the importance mask lowers the NLL drift vs splitting alone (rho = 1; "
+                         text=f"{lab}: the importance mask lowers the general-probe NLL vs splitting alone (rho = 1; "
                               "reported)"))  # fmt: skip
     if "fedicu_cosine" in systems:
         out.append(Claim(DRIFT, "fedicu_cosine", "fedavg", "<", gate=False,
-                         text=f"{lab}, no-server-data fallback: NLL drift below FedAvg's (reported)"))  # fmt: skip
+                         text=f"{lab}, no-server-data fallback: general-probe NLL below FedAvg's "
+                              "(reported)"))  # fmt: skip
     out.append(Claim("uploaded_floats", "fedicu", "fedavg", "<", paired=False, mechanism=True,
                      text="FedICU uploads fewer floats per client-round than FedAvg (top-rho mask; by "
                           "construction)"))  # fmt: skip
@@ -412,7 +457,8 @@ def claims(cfg: Any, systems: Sequence[str]) -> list[Claim]:
 def _figure(ctx: Any, cfg: Any, names: Sequence[str]) -> None:
     from lmlab.core.report.plotting import bar_with_ci, title_for
 
-    for metric, ylabel in ((DACC, "domain accuracy (4 options)"), (DRIFT, "general-probe NLL drift (nats)")):
+    for metric, ylabel in ((DNLL, "held-out domain gold-answer NLL (nats)"), (DACC, "domain accuracy (4 options)"),
+                           (DRIFT, "general-probe NLL drift (nats)")):  # fmt: skip
         rows = [r for r in ctx.metrics if r.metric == metric and r.system in names]
         if rows:
             ctx.add_figure(metric, bar_with_ci(rows, title=title_for("fedicu", str(cfg.model), cfg.seed, None, metric),
