@@ -253,6 +253,9 @@ def test_bad_config_values_raise_one_line_errors():
         ({"basis": "gauss"}, "basis"),
         ({"families": ["capital"]}, "domain/task"),
         ({"systems": ["ferret", "sgd"]}, "systems"),
+        ({"n_seeds": 0}, "n_seeds"),
+        ({"lr_max_extensions": -1}, "lr_max_extensions"),
+        ({"lr_grid": [1.0, 1.0]}, "distinct"),
     ]:
         with pytest.raises(ValueError, match=word) as e:
             FerretConfig(**kw)
@@ -312,22 +315,148 @@ def test_flower_app_bundle_passes_flowers_own_validation():
     assert ok, errors
 
 
-def test_every_system_gets_the_same_lr_search_and_keeps_its_dev_argmin():
-    """Equal tuning budget: each system runs every multiplier of lr_grid times its own lr (FedKSeed: its η), and
-    the reported run is the one with the lowest dev NLL (FedKSeed's lr was fixed while nothing was tuned)."""
-    from lmlab.registry import get_method
+@pytest.fixture(scope="module")
+def smoke_result():
     from lmlab.runner import run_method
 
-    result = run_method("ferret", preset="smoke", write=False, show_progress=False, raise_errors=True, threads=1)
+    return run_method("ferret", preset="smoke", write=False, show_progress=False, raise_errors=True, threads=1)
+
+
+def test_every_system_gets_the_same_lr_search_and_keeps_its_dev_argmin(smoke_result):
+    """Equal tuning budget: each system runs every multiplier of lr_grid times its own lr (FedKSeed: its η), extends
+    the grid one step past an edge choice (the same rule for every system), and the reported run is the one with the
+    lowest dev NLL of all it tried. On the old code the smoke run's FedAvg kept 3x, the top of [1, 3], unextended."""
+    from lmlab.registry import get_method
+
+    result = smoke_result
     grid = [1.0, 3.0]
-    assert get_method("ferret").presets["smoke"]["lr_grid"] == grid
+    cap = result.config["lr_max_extensions"]
+    assert get_method("ferret").presets["smoke"]["lr_grid"] == grid and cap >= 1
     rows = result.tables["lr_search"]
     chosen = result.flags["lr_chosen_on_dev"]
     for system in ("fedavg", "ferret", "fedkseed"):
         mine = [r for r in rows if r["system"] == system]
-        assert [r["lr_scale"] for r in mine] == grid
+        assert [r["lr_scale"] for r in mine[: len(grid)]] == grid and not any(r["extension"] for r in mine[:2])
         base = 1e-5 if system == "fedkseed" else 2e-3
-        assert [r["lr"] for r in mine] == pytest.approx([base * f for f in grid])
+        assert [r["lr"] for r in mine] == pytest.approx([base * r["lr_scale"] for r in mine])
+        # every extension follows an edge choice of the runs before it, one grid step (x3) beyond that edge
+        for j in range(len(grid), len(mine)):
+            before = mine[:j]
+            best = min(before, key=lambda r: r["dev_nll"])["lr_scale"]
+            scales = [r["lr_scale"] for r in before]
+            assert mine[j]["extension"] and best in (min(scales), max(scales))
+            want = min(scales) / 3 if best == min(scales) else max(scales) * 3
+            assert mine[j]["lr_scale"] == pytest.approx(want)
         best = min(mine, key=lambda r: r["dev_nll"])
-        assert chosen[system]["lr_scale"] == best["lr_scale"]
-        assert chosen[system]["runs"] == len(grid)
+        scales = [r["lr_scale"] for r in mine]
+        assert chosen[system]["lr_scale"] == best["lr_scale"] and [r["chosen"] for r in mine].count(True) == 1
+        assert chosen[system]["runs"] == len(mine) and chosen[system]["extensions"] == len(mine) - len(grid)
+        on_edge = best["lr_scale"] in (min(scales), max(scales))
+        # an edge choice is kept only when the cap is spent, and then it is flagged
+        assert not on_edge or chosen[system]["extensions"] == cap
+        assert (chosen[system]["edge"] is not None) == on_edge == (system in result.flags["lr_still_on_edge"])
+    fragile = [c for c in result.claims if c.text.startswith("FRAGILE")]
+    for c in result.claims:
+        if c.metric == "eval_nll":  # the lr-dependent checks
+            assert (c in fragile) == (c.baseline.split("/")[0] in result.flags["lr_still_on_edge"])
+
+
+def _quadratic_in_log10(centre):
+    calls = []
+
+    def dev(m):
+        calls.append(m)
+        return (math.log10(m) - centre) ** 2
+
+    return dev, calls
+
+
+def test_lr_search_extends_an_edge_argmin_until_it_is_interior():
+    """A dev curve whose argmin lies past the grid's edge: the search walks one grid step at a time towards it and
+    stops once the choice is interior; a curve still falling at the cap keeps the edge and reports it."""
+    from lmlab.methods.adaptation.ferret.experiment import search_lr
+
+    dev, calls = _quadratic_in_log10(2.0)  # best lr multiplier 100, above the grid's top 10
+    found = search_lr(dev, [1.0, 0.1, 10.0], max_extensions=3)
+    assert calls == pytest.approx([0.1, 1.0, 10.0, 100.0, 1000.0])
+    assert found.chosen == pytest.approx(100.0) and found.edge is None and found.extensions == 2
+    assert [ext for *_, ext in found.tried] == [False, False, False, True, True]
+
+    dev, calls = _quadratic_in_log10(-1.8)  # best near 0.016, below the bottom 0.1
+    found = search_lr(dev, [0.1, 1.0, 10.0])
+    assert calls == pytest.approx([0.1, 1.0, 10.0, 0.01, 0.001])
+    assert found.chosen == pytest.approx(0.01) and found.edge is None
+
+    dev, calls = _quadratic_in_log10(1.0)  # uneven grid: the step is the ratio at the edge (x3 at the top)
+    found = search_lr(dev, [0.1, 1.0, 3.0], max_extensions=5)
+    assert calls[3:] == pytest.approx([9.0, 27.0]) and found.chosen == pytest.approx(9.0)
+
+    dev, calls = _quadratic_in_log10(6.0)  # still falling at the cap: the edge is kept and reported
+    found = search_lr(dev, [0.1, 1.0, 10.0], max_extensions=2)
+    assert calls[3:] == pytest.approx([100.0, 1000.0]) and found.chosen == pytest.approx(1000.0)
+    assert found.edge == "top"
+    found = search_lr(lambda m: -math.log(m), [0.1, 1.0, 10.0], max_extensions=0)
+    assert found.chosen == 10.0 and found.edge == "top" and found.extensions == 0
+
+    # a diverged run never wins and is no edge to extend past; a tie goes to the centre; one point: no search
+    found = search_lr(lambda m: {0.1: 2.0, 1.0: 1.0, 10.0: float("nan")}[m], [0.1, 1.0, 10.0])
+    assert found.chosen == 1.0 and found.extensions == 0 and found.edge is None
+    assert search_lr(lambda m: 1.0, [0.1, 1.0, 10.0]).chosen == 1.0
+    dev, calls = _quadratic_in_log10(3.0)
+    found = search_lr(dev, [1.0])
+    assert calls == [1.0] and found.chosen == 1.0 and found.edge is None
+    with pytest.raises(ValueError, match="distinct"):
+        search_lr(dev, [1.0, 1.0])
+
+
+def test_one_seed_against_the_claim_fails_the_every_seed_check():
+    """Three training seeds, two with Ferret far below FedKSeed and one slightly above: the pooled item-level check
+    holds, the every-seed check picks the dissenting seed and does not."""
+    from lmlab.methods.adaptation.ferret.experiment import seed_effects, seed_sign_claim
+    from lmlab.results import Claim, evaluate_claim
+
+    rng = np.random.default_rng(0)
+    n = 40
+    base = [rng.normal(4.0, 0.3, n) for _ in range(3)]
+    shift = [-0.6, -0.5, +0.15]
+    ferret = [b + s + rng.normal(0, 0.05, n) for b, s in zip(base, shift)]
+    ids = [f"item{i}" for i in range(n)]
+    pooled = evaluate_claim(Claim("eval_nll", "ferret", "fedkseed", "<"), np.concatenate(ferret),
+                            np.concatenate(base), clusters=ids * 3)  # fmt: skip
+    assert pooled.status == "supported"
+    eff = seed_effects(ferret, base)
+    assert [e < 0 for e in eff] == [True, True, False]
+    every = seed_sign_claim("eval_nll", "ferret", "fedkseed", "<", eff, "Ferret below FedKSeed")
+    assert (every.method, every.baseline, every.gate) == ("ferret/seed2", "fedkseed/seed2", True)
+    assert "2 of 3" in every.text
+    assert evaluate_claim(every, ferret[2], base[2], clusters=ids).status != "supported"
+    # with the third seed on the claim's side as well, the every-seed check holds
+    ferret[2] = base[2] - 0.3 + rng.normal(0, 0.05, n)
+    every = seed_sign_claim("eval_nll", "ferret", "fedkseed", "<", seed_effects(ferret, base), "x")
+    w = int(every.method.rsplit("seed", 1)[1])
+    assert evaluate_claim(every, ferret[w], base[w], clusters=ids).status == "supported"
+
+
+def test_default_runs_three_training_seeds_and_gates_each_claim_in_every_seed(smoke_result):
+    """>= 3 training seeds by default (one is not a replicate); the run records every seed's values clustered by item
+    and gates, next to each pooled claim, its least favourable seed's own check."""
+    from lmlab.methods.adaptation.ferret.config import FerretConfig
+
+    assert FerretConfig().n_seeds >= 3
+    result = smoke_result
+    k = result.config["n_seeds"]
+    assert k >= 3 and len(set(result.flags["train_seeds"])) == k
+    rows = {(m.system, m.metric): m for m in result.metrics}
+    for system in ("ferret", "fedkseed", "fedavg", "round0"):
+        per_seed = [rows[(f"{system}/seed{j}", "eval_nll")] for j in range(k)]
+        assert rows[(system, "eval_nll")].value == pytest.approx(np.mean([r.value for r in per_seed]))
+    # the seeds change the training (client sampling, order, Ferret's bases), not just a label
+    assert len({round(rows[(f"ferret/seed{j}", "eval_nll")].value, 9) for j in range(k)}) == k
+    effects = {r["seed"]: r["effect"] for r in result.tables["per_seed_effects"] if r["baseline"] == "fedkseed"}
+    assert len(effects) == k
+    gated = {(c.method, c.baseline) for c in result.claims if c.gate}
+    for baseline in ("fedkseed", "round0"):
+        assert ("ferret", baseline) in gated
+        eff = [r["effect"] for r in result.tables["per_seed_effects"] if r["baseline"] == baseline]
+        w = max(range(k), key=lambda j: (eff[j], j))
+        assert (f"ferret/seed{w}", f"{baseline}/seed{w}") in gated

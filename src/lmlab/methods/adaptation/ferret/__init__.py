@@ -49,10 +49,11 @@ SPEC = register_method(
                 "train_per_family": 12,
                 "eval_per_family": 6,
                 "unseen_items": 6,
-                "lr_grid": [1.0],  # no search at quick: FedAvg and Ferret at the same lr
+                "lr_grid": [1.0],  # no search at quick: FedAvg and Ferret at the same lr (3 seeds each)
             },
         },
-        budget_s={"smoke": 20.0, "quick": 60.0, "default": 300.0},
+        # default: 10 minutes, not 5: the claims need 3 training seeds and the lr grid's edge extensions (README)
+        budget_s={"smoke": 20.0, "quick": 60.0, "default": 600.0},
         requires=(),  # flwr is optional: only the Flower apps need it (pip install 'lmlab[federated]')
         tags=("adaptation", "federated", "communication"),
         bibtex=(

@@ -33,8 +33,17 @@ class FerretConfig(BaseConfig):
     steps. The server evaluates after every round: the answer NLL (per-token mean) of `eval_per_family` held-out items
     of each seen family (test split; the claims' unit is the item), and log-likelihood accuracy on `unseen_items`
     4-option items of the held-out family (the "unseen task", as the official ``--zerotask``). Every system gets the
-    same learning-rate search: each multiplier of `lr_grid` times its own lr is a full run, and the run with the
-    lowest answer NLL on `dev_per_family` dev-split items per seen family is the one reported on the test items.
+    same learning-rate search on the first training seed: each multiplier of `lr_grid` times its own lr is a full
+    run, the lowest answer NLL on `dev_per_family` dev-split items per seen family wins, and a winner at the grid's
+    edge extends the grid one step (the grid's own ratio) in that direction, up to `lr_max_extensions` runs per
+    system (a choice still on an edge then flags the claims it is the baseline of as fragile). Every system then
+    runs at its chosen lr with each of `n_seeds` training seeds (client sampling, data order, Ferret's candidate
+    seeds, bases and seed picks, FedKSeed's seeds; the client partition is fixed), and the test items score every
+    seed (clustered by item, seeds nested).
+
+    Budget: the default preset is estimated at ~9 min on 2 quiet cores (10-minute budget, more than the usual 5: the
+    claim needs the 3 training seeds and the edge extensions; README "Budget"): 9 grid runs + 3-6 extensions + 6
+    seed replicates of 5 rounds.
 
     Args:
         systems (`list[str]`): among ``fedavg``, ``ferret``, ``fedkseed``, ``ferret_k8`` (Ferret with K = 8).
@@ -44,6 +53,8 @@ class FerretConfig(BaseConfig):
         coordinates (`str`): ``code`` (official estimator) or ``lstsq`` (exact projection; small blocks only).
         basis (`str`): ``uniform`` (default: the official law to O(1/d), 25x faster) or ``trunc_normal`` (official).
         fedkseed_lr, zo_eps, fedkseed_k, fedkseed_steps: FedKSeed's η, ε, K and local steps (None: `local_steps`).
+        n_seeds (`int`, defaults to 3): training seeds per system (the lr is searched on the first).
+        lr_max_extensions (`int`, defaults to 2): extra lr runs per system when its dev choice sits on a grid edge.
     """
 
     systems: list = param(["fedavg", "ferret", "fedkseed"], "systems run, among: " + ", ".join(SYSTEMS))
@@ -56,8 +67,19 @@ class FerretConfig(BaseConfig):
     lr_grid: list = param(
         [0.1, 1.0, 10.0],
         "learning-rate multipliers tried for EVERY system (its client lr; "
-        "FedKSeed: its η), each a full run, the lowest dev NLL kept: one tuning budget for all",
+        "FedKSeed: its η), each a full run, the lowest dev NLL kept, an edge choice extended (lr_max_extensions): "
+        "one tuning budget for all",
         paper="not tuned in the paper's scripts",
+    )
+    lr_max_extensions: int = param(
+        2,
+        "extra runs per system's lr search while its dev choice is the smallest / largest lr tried (one grid step "
+        "further each; still on an edge after them: the claims against that system are flagged fragile)",
+    )
+    n_seeds: int = param(
+        3,
+        "training seeds per system (client sampling, data order, Ferret's / FedKSeed's seeds and picks); the lr is "
+        "searched on the first, every seed runs at the chosen lr",
     )
     unseen_items: int = param(8, "4-option items of the held-out family (test split)")
     n_clients: int = param(6, "clients", paper="200")
@@ -113,6 +135,10 @@ class FerretConfig(BaseConfig):
         check_range("dev_per_family", self.dev_per_family, 1)
         if not self.lr_grid or any(not isinstance(f, (int, float)) or not f > 0 for f in self.lr_grid):
             raise ValueError(f"lr_grid must be a non-empty list of positive multipliers, got {self.lr_grid!r}")
+        if len(set(self.lr_grid)) != len(self.lr_grid):
+            raise ValueError(f"lr_grid must hold distinct multipliers, got {self.lr_grid!r}")
+        check_range("lr_max_extensions", self.lr_max_extensions, 0)
+        check_range("n_seeds", self.n_seeds, 1)
         check_range("n_clients", self.n_clients, 1)
         check_range("clients_per_round", self.clients_per_round, 1, self.n_clients)
         check_range("rounds", self.rounds, 1)
