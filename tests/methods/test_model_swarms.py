@@ -1,6 +1,8 @@
 """Model Swarms invariants: checkpoint algebra, the velocity formula by hand, a one-particle swarm at rest stays
 put, g never decreases, restarts reset x and v, patience, TIES / DARE against mergekit's definitions on tiny
-tensors (closed form), equal evaluation budgets across searchers, LoRA vs dense evaluation, and bad input."""
+tensors (closed form), equal evaluation budgets across searchers, LoRA vs dense evaluation, bad input; and the
+experiment's design: a composite target built from the experts' families, the "best expert > base" sanity gate read
+first, and the exact "g >= best expert" invariant."""
 
 from __future__ import annotations
 
@@ -206,6 +208,17 @@ def test_smoke_run_gives_every_searcher_the_same_budget(tmp_path):
     assert evals["best_single"] == 3 and {evals[s] for s in calls} == {float(calls["model_swarms"])}
     g = result.flags["swarm"]["g_history"]
     assert all(b >= a for a, b in zip(g, g[1:]))
+    # the invariant is asserted exactly, the sanity gate is read first, and the base model is in every table
+    check = result.flags["g_reaches_best_expert"]
+    assert check["holds"] and check["g_dev"] == g[-1] and check["gain"] >= 0
+    assert result.flags["signal"]["status"] in ("signal", "no signal")
+    first = result.claims[0]
+    assert (first.metric, first.method, first.baseline, first.gate) == ("dev_acc", "best_single", "base", True)
+    assert not any(c.mechanism for c in result.claims)
+    assert result.tables["experts"][0]["expert"] == "base"
+    assert all("base_dev" in row for row in result.tables["swarm_history"])
+    for metric in ("test_acc", "dev_acc", "test_case_trap"):
+        assert {"base", "model_swarms", "best_single"} <= {m.system for m in result.metrics if m.metric == metric}
     # the saved folder is a plain HF model usable as --model
     from transformers import AutoModelForCausalLM
 
@@ -218,6 +231,94 @@ def test_smoke_run_gives_every_searcher_the_same_budget(tmp_path):
     w_base = base.model.layers[last].self_attn.q_proj.weight
     assert w_saved.shape == w_base.shape and not torch.equal(w_saved, w_base)  # the swarm's LoRA is merged in
     assert torch.equal(saved.model.layers[0].self_attn.q_proj.weight, base.model.layers[0].self_attn.q_proj.weight)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the experiment's design: the target, the sanity gate, the exact invariant
+
+
+class _DataCtx:
+    """The part of the runner's context that `target_items` uses: seeded task-bank data, capped by cfg.limit."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def data(self, suite, n, *, split="test", **kw):
+        from lmlab import data
+
+        n = n if self.cfg.limit is None else self.cfg.limit if n is None else min(n, self.cfg.limit)
+        return data.load(suite, n, seed=self.cfg.seed, split=split, **kw)
+
+
+def test_default_target_is_a_composite_of_expert_families_held_out_from_their_training():
+    from lmlab.methods.adaptation.model_swarms import experiment as E
+    from lmlab.methods.adaptation.model_swarms.config import COMPOSITES, ModelSwarmsConfig
+
+    cfg = ModelSwarmsConfig()
+    components = COMPOSITES[cfg.target]  # the old default, arithmetic/two_step, is at chance for every expert
+    assert set(components) <= set(cfg.experts) and cfg.target not in cfg.experts
+    trained = {f: E.family_items(_DataCtx(cfg), cfg, f, cfg.expert_items, "train", 0) for f in cfg.experts}
+    dev, test = E.target_items(_DataCtx(cfg), cfg, trained)
+    assert (len(dev), len(test)) == (cfg.dev_items, cfg.test_items)
+    # dev, test and every geography expert's training countries are disjoint
+    seen = {e.meta["iso2"] for f, items in trained.items() if f.startswith("geography/") for e in items}
+    dev_c, test_c = {e.meta["iso2"] for e in dev}, {e.meta["iso2"] for e in test}
+    assert len(dev_c) == len(dev) and not dev_c & test_c and not (dev_c | test_c) & seen
+    for ex in dev + test:
+        # the answer in uppercase, the same capital in another case (the trap), other capitals in uppercase
+        gold, trap = ex.choices[ex.meta["answer_index"]], ex.choices[ex.meta["trap_index"]]
+        assert gold == ex.target == gold.upper() and trap != gold and trap.upper() == gold
+        others = [c for i, c in enumerate(ex.choices) if i not in (ex.meta["answer_index"], ex.meta["trap_index"])]
+        assert len(set(ex.choices)) == cfg.n_choices and all(c == c.upper() != gold for c in others)
+        assert ex.prompt.startswith("Q: What is the capital of") and "uppercase letters" in ex.prompt
+    with pytest.raises(ValueError, match="dev_items must be <= "):
+        E.target_items(_DataCtx(cfg), ModelSwarmsConfig(dev_items=500), trained)
+
+
+def test_sanity_gate_is_read_first_and_can_fail():
+    from lmlab.methods.adaptation.model_swarms import experiment as E
+    from lmlab.results import RunResult, evaluate_claim
+
+    claims = E.claims()
+    sanity = claims[0]
+    assert (sanity.metric, sanity.method, sanity.baseline, sanity.direction) == ("dev_acc", "best_single", "base", ">")
+    assert sanity.gate and not sanity.mechanism
+    ids = [f"item{i}" for i in range(40)]
+    base = [1.0 if i % 4 == 0 else 0.0 for i in range(40)]
+
+    def run_with(best):
+        results = [evaluate_claim(sanity, best, base, clusters=ids)]
+        return E.state_signal(RunResult("model_swarms", {}, {}, claims=results, notes=["design note"]))
+
+    flat = run_with(list(base))  # the best expert is no better than the base model
+    assert flat.flags["signal"]["status"] == "no signal" and flat.notes[0].startswith("NO SIGNAL")
+    assert flat.status != "supported"
+    lifted = run_with([1.0 if i % 4 != 3 else 0.0 for i in range(40)])  # 0.75 vs 0.25
+    assert lifted.flags["signal"]["status"] == "signal" and lifted.notes == ["design note"]
+    assert lifted.status == "supported"
+
+
+def test_g_at_least_the_best_expert_is_an_exact_invariant_not_a_bootstrap_claim():
+    import dataclasses
+
+    from lmlab.methods.adaptation.model_swarms import experiment as E
+
+    assert not any(c.mechanism or (c.metric, c.method) == ("dev_acc", "model_swarms") for c in E.claims())
+    experts = [_vec(s) for s in range(5)]
+    u = _quadratic(M.uniform_soup(experts))
+    res = M.ModelSwarm(experts, u, M.SwarmConfig(max_iteration=8, patience=8, seed=1)).search()
+    single = M.best_single(experts, u)
+    flag = E.g_reaches_best_expert(res, single)
+    assert flag["holds"] and flag["gain"] == res.global_best_utility - single.best_utility > 0
+    lower = dataclasses.replace(res, global_best_utility=single.best_utility - 1e-9)
+    lower.g_history = [*res.g_history[:-1], single.best_utility - 1e-9]
+    with pytest.raises(RuntimeError, match="global best decreased|below the best expert"):
+        E.g_reaches_best_expert(lower, single)
+    with pytest.raises(RuntimeError, match="does not start at its best initial particle"):
+        E.g_reaches_best_expert(dataclasses.replace(res, g_history=[res.g_history[0] - 1, *res.g_history[1:]]),
+                                single)  # fmt: skip
+    with pytest.raises(RuntimeError, match="not the end of g's history"):
+        E.g_reaches_best_expert(dataclasses.replace(res, global_best_utility=res.global_best_utility + 1), single)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -284,6 +385,8 @@ def test_bad_input_errors():
         M.ModelSwarm([_vec(0), _vec(1), _vec(2)], lambda s: 0.0, max_evaluations=2).search()
     with pytest.raises(ValueError, match="target must be one of"):
         ModelSwarmsConfig(target="arithmetic/divide")
+    with pytest.raises(ValueError, match="target must be one of composite/capital_upper"):
+        ModelSwarmsConfig(target="composite/capital_lower")
     with pytest.raises(ValueError, match="is one of the experts' families"):
         ModelSwarmsConfig(target="arithmetic/add")
     with pytest.raises(ValueError, match="experts must be a non-empty list"):

@@ -24,7 +24,7 @@ SPEC = register_method(
         presets={
             "smoke": {
                 "model": "tiny-llama",
-                "experts": ["arithmetic/add", "arithmetic/mul", "strings/count"],
+                "experts": ["geography/capital", "strings/uppercase", "arithmetic/add"],
                 "dev_items": 4,
                 "test_items": 6,
                 "expert_items": 4,
@@ -38,16 +38,17 @@ SPEC = register_method(
                 "expert_cache": False,
             },
             "quick": {
-                "experts": ["arithmetic/add", "arithmetic/sub", "arithmetic/mul", "units/length"],
+                "experts": ["geography/capital", "strings/uppercase", "arithmetic/add", "units/length"],
                 "dev_items": 20,
-                "test_items": 48,
+                "test_items": 40,
                 "expert_items": 24,
                 "expert_steps": 15,
                 "max_iteration": 2,
                 "patience": 2,
             },
         },
-        budget_s={"smoke": 20.0, "quick": 60.0, "default": 300.0},
+        # default: the 10-minute class (15 swarm iterations x 4 equal-budget searchers; see config.py's budget note)
+        budget_s={"smoke": 20.0, "quick": 60.0, "default": 600.0},
         requires=("peft",),
         tags=("adaptation", "lora", "merging", "search"),
         bibtex=(

@@ -123,22 +123,37 @@ class ChoiceSet:
             self.gold.append(int(ex.meta["answer_index"]))
             pairs += req
         self.ids = [ex.id for ex in examples]
+        self.traps = [ex.meta.get("trap_index") for ex in examples]  # composite targets: the case trap's position
         self.cache = PaddedCache(trunk, encode_sequences(tokenizer, [p for p, _ in pairs], [c for _, c in pairs]),
                                  _pad_id(tokenizer))  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def correct(self, topk: Any) -> list[float]:
-        """1.0 per item whose gold option has the highest summed log-likelihood under `topk` (first on ties)."""
+    def picks(self, topk: Any) -> list[int]:
+        """Per item, the option with the highest summed log-likelihood under `topk` (first on ties)."""
         from lmlab.core.training.lora import answer_scores
 
         nll, _ = answer_scores(topk, self.cache)
         out = []
-        for (a, b), gold in zip(self.spans, self.gold):
+        for a, b in self.spans:
             scores = [-v for v in nll[a:b]]
-            out.append(1.0 if scores.index(max(scores)) == gold else 0.0)
+            out.append(scores.index(max(scores)))
         return out
+
+    def correct(self, topk: Any) -> list[float]:
+        """1.0 per item whose gold option has the highest summed log-likelihood under `topk` (first on ties)."""
+        return self.score(self.picks(topk))
+
+    def score(self, picks: Sequence[int]) -> list[float]:
+        """1.0 per item whose pick is its gold option."""
+        return [1.0 if p == gold else 0.0 for p, gold in zip(picks, self.gold)]
+
+    def trap_rate(self, picks: Sequence[int]) -> list[float] | None:
+        """1.0 per item whose pick is its case trap (the right capital, not in uppercase); None without traps."""
+        if any(t is None for t in self.traps):
+            return None
+        return [1.0 if p == t else 0.0 for p, t in zip(picks, self.traps)]
 
 
 class LoraSlot:

@@ -4,21 +4,26 @@ Paper claim (Feng et al., ICML 2025, abstract): a swarm of LLM experts, each a p
 inertia, its personal best, the global best and away from the global worst, adapts to a new objective from ~200
 examples and beats 12 model-composition baselines by up to 21%.
 
-Design. Experts: one LoRA per task-bank family of `experts` (default: add, sub, mul, unit length / mass, letter
-count, continent, capital), trained briefly on its train split; the LoRA sits on the top `train_layers` blocks over
-a frozen trunk cached once (`lmlab.core.training.partial`, `lmlab.core.training.lora`). Objective: log-likelihood
-multiple-choice
-accuracy on `dev_items` dev items of `target` (default ``arithmetic/two_step``: two-step problems, a task no
-expert saw); every system is reported on `test_items` test items. Searchers and their utility evaluations:
-the swarm uses B (its initial particles plus N per iteration until patience or `max_iteration`); random search
-over mixing weights, TIES and DARE-linear (density and λ tuned on dev) each get exactly B; the best single expert
-uses N (the swarm's first evaluation), the uniform soup none. Reporting evaluations (dev accuracy of the winners,
-all test scores) are outside the budget.
+Design. Experts: one LoRA per task-bank family of `experts` (default: geography/capital and strings/uppercase, the
+two components of the target, plus continent, reverse, add and unit length, which carry no part of it), trained
+briefly on its train split; the LoRA sits on the top `train_layers` blocks over a frozen trunk cached once
+(`lmlab.core.training.partial`, `lmlab.core.training.lora`). Objective: log-likelihood multiple-choice accuracy on
+`dev_items` dev items of `target` (default ``composite/capital_upper``, "What is the capital of X? Write the answer
+in uppercase letters.", `composite.py`: options the answer in uppercase, the answer as written (the case trap) and
+other capitals in uppercase; no expert trained on it). Dev, test and every geography expert's training countries are
+disjoint (`composite.held_out_dev`); every system is reported on `test_items` test items. Searchers and their
+utility evaluations: the swarm uses B (its initial particles plus N per iteration until patience or
+`max_iteration`); random search over mixing weights, TIES and DARE-linear (density and λ tuned on dev) each get
+exactly B; the best single expert uses N (the swarm's first evaluation), the uniform soup none. Reporting evaluations
+(dev accuracy of every system, all test scores) are outside the budget.
 
-Claims (computed from this run, paired by test item). Gated: swarm test accuracy above the best single expert and
-above the uniform soup. Reported: above random search, TIES and DARE at the same B. Mechanism check: on dev, the
-swarm's global best is at least the best expert (g starts there and never decreases; checked, a decrease stops the
-run).
+Claims (computed from this run, paired by item), read in this order. 1. Sanity (gated, first): the best expert
+(chosen on dev) beats the base model on dev; if it does not, no expert carries the target, the run says "no signal"
+(`signal` flag, first note) and the swarm comparisons are not evidence either way. 2. Gated: swarm test accuracy
+above the best single expert and above the uniform soup. Reported: above random search, TIES and DARE at the same B;
+the best expert above the base model on test. The swarm's dev utility is at least the best expert's by construction
+(g starts there and never decreases): that is asserted exactly at run time (`g_reaches_best_expert`, flag of the same
+name; a violation stops the run), not tested statistically.
 """
 
 from __future__ import annotations
@@ -32,12 +37,12 @@ from typing import Any
 import numpy as np
 
 from lmlab.core.stats.seeding import derive_seed
-from lmlab.methods.adaptation.model_swarms.config import GRIDS, parse_family
-from lmlab.results import Claim
+from lmlab.methods.adaptation.model_swarms.config import COMPOSITES, GRIDS, parse_family
+from lmlab.results import Claim, RunResult
 
 SEARCHERS = ("model_swarms", "random_search", "ties", "dare_linear")
-SYSTEMS = ("model_swarms", "best_single", "uniform_soup", "ties", "dare_linear", "random_search")
-TEST, DEV = "test_acc", "dev_acc"
+SYSTEMS = ("model_swarms", "best_single", "uniform_soup", "ties", "dare_linear", "random_search", "base")
+TEST, DEV, TRAP = "test_acc", "dev_acc", "test_case_trap"
 
 
 def swarm_config(cfg: Any) -> tuple[Any, dict[str, float]]:
@@ -68,6 +73,28 @@ def family_items(ctx: Any, cfg: Any, family: str, n: int, split: str, n_choices:
     if not items:
         raise ValueError(f"the task bank gave no {split} items of {family}; expected at least one (check --limit)")
     return items
+
+
+def target_items(ctx: Any, cfg: Any, trained: dict[str, list[Any]]) -> tuple[list[Any], list[Any]]:
+    """(dev, test) items of `cfg.target`. A task-bank family: its dev and test splits. ``composite/capital_upper``:
+    the capital items of the test split, and for dev the dev split followed by the train-split countries no geography
+    expert of `trained` (family -> its training items) saw (`composite.held_out_dev`)."""
+    if cfg.target not in COMPOSITES:
+        return (family_items(ctx, cfg, cfg.target, cfg.dev_items, "dev", cfg.n_choices),
+                family_items(ctx, cfg, cfg.target, cfg.test_items, "test", cfg.n_choices))  # fmt: skip
+    from lmlab.methods.adaptation.model_swarms.composite import capital_upper, held_out_dev
+
+    def capitals(n: int | None, split: str) -> list[Any]:
+        return family_items(ctx, cfg, "geography/capital", n, split, cfg.n_choices)
+
+    seen = {e.meta["iso2"] for fam, items in trained.items() if fam.startswith("geography/") for e in items}
+    pool = held_out_dev(capitals(None, "dev"), capitals(None, "train"), seen)
+    n_dev = cfg.dev_items if cfg.limit is None else min(cfg.dev_items, cfg.limit)
+    if n_dev > len(pool):
+        raise ValueError(f"dev_items must be <= {len(pool)} for {cfg.target} (the dev-split countries plus the "
+                         f"train-split countries no geography expert trained on), got {cfg.dev_items}")  # fmt: skip
+    dev = capital_upper(pool[:n_dev], cfg.n_choices, cfg.seed)
+    return dev, capital_upper(capitals(cfg.test_items, "test"), cfg.n_choices, cfg.seed)
 
 
 def _expert_key(cfg: Any, ctx: Any, family: str, train: list[Any], seed: int) -> str:
@@ -109,6 +136,43 @@ def _best_so_far(history: list[float]) -> list[float]:
     return np.maximum.accumulate(np.asarray(history, dtype=float)).tolist() if history else []
 
 
+def g_reaches_best_expert(res: Any, single: Any) -> dict[str, Any]:
+    """The swarm's by-construction guarantee, checked exactly (no statistics): g starts at the best initial particle
+    (``g_history[0] == max`` of the first evaluations, which include every expert), never decreases, and ends at the
+    returned global best, so ``res.global_best_utility >= single.best_utility`` (the best expert's dev utility, read
+    from the same evaluations). Raises ``RuntimeError`` naming the broken step; returns the flag of the run."""
+    g = list(res.g_history)
+    first = [h[0] for h in res.particle_history]
+    if not g or g[0] != max(first):
+        raise RuntimeError(f"the swarm's global best does not start at its best initial particle: g {g[:1]} vs "
+                           f"max {max(first, default=None)}")  # fmt: skip
+    if any(b < a for a, b in zip(g, g[1:])):
+        raise RuntimeError(f"the swarm's global best decreased: {g}")
+    if res.global_best_utility != g[-1]:
+        raise RuntimeError(f"the returned global best ({res.global_best_utility}) is not the end of g's history {g}")
+    if not res.global_best_utility >= single.best_utility:
+        raise RuntimeError(f"the swarm's dev utility {res.global_best_utility} is below the best expert's "
+                           f"{single.best_utility}")  # fmt: skip
+    g_dev, e_dev = res.global_best_utility, single.best_utility
+    return {"holds": True, "g_dev": g_dev, "best_expert_dev": e_dev, "gain": g_dev - e_dev, "moved": g_dev > e_dev}
+
+
+def state_signal(result: RunResult) -> RunResult:
+    """Read the sanity gate first: unless "best expert > base on dev" holds, the run has no signal (no expert carries
+    the target, so the search has nothing to combine) and says so in the ``signal`` flag and its first note."""
+    sanity = next(c for c in result.claims if (c.metric, c.method, c.baseline) == (DEV, "best_single", "base"))
+    ok = sanity.status == "supported"
+    result.flags["signal"] = {"status": "signal" if ok else "no signal", "sanity": sanity.status,
+                              "best_expert_dev": sanity.method_value, "base_dev": sanity.baseline_value,
+                              "effect": sanity.observed_effect, "ci": list(sanity.ci)}  # fmt: skip
+    if not ok:
+        result.notes.insert(0, f"NO SIGNAL: the best expert does not beat the base model on dev "
+                               f"({sanity.method_value:.3f} vs {sanity.baseline_value:.3f}, {sanity.status}); no "
+                               "expert carries the target, so the swarm's comparisons are not evidence for or against "
+                               "Model Swarms.")  # fmt: skip
+    return result
+
+
 def run(cfg: Any, ctx: Any) -> Any:
     from peft import LoraConfig
 
@@ -129,8 +193,9 @@ def run(cfg: Any, ctx: Any) -> Any:
         uniform_soup,
     )
 
-    dev = family_items(ctx, cfg, cfg.target, cfg.dev_items, "dev", cfg.n_choices)
-    test = family_items(ctx, cfg, cfg.target, cfg.test_items, "test", cfg.n_choices)
+    # the experts' training items first: a composite target's dev pool leaves out every country they trained on
+    trained = {fam: family_items(ctx, cfg, fam, cfg.expert_items, "train", 0) for fam in cfg.experts}
+    dev, test = target_items(ctx, cfg, trained)
     model, tok = ctx.load_model()
     n_layers = len(model.model.layers)
     if cfg.train_layers > n_layers:
@@ -147,7 +212,7 @@ def run(cfg: Any, ctx: Any) -> Any:
     # the experts: one LoRA per family, trained on its train split (cached on disk when expert_cache)
     experts, expert_rows, cached = [], [], 0
     for i, fam in enumerate(ctx.progress(cfg.experts, "experts", total=len(cfg.experts))):
-        train = family_items(ctx, cfg, fam, cfg.expert_items, "train", 0)
+        train = trained[fam]
         seed = derive_seed(cfg.seed, "model_swarms-expert", fam)
 
         def train_fn(train: list[Any] = train, seed: int = seed) -> tuple[Any, list[float]]:
@@ -162,8 +227,9 @@ def run(cfg: Any, ctx: Any) -> Any:
         state, losses, hit = _cached_expert(cfg, _expert_key(cfg, ctx, fam, train, seed), train_fn)
         cached += hit
         experts.append(state)
-        expert_rows.append({"expert": i, "family": fam, "train_items": len(train), "loss_first": losses[0],
-                            "loss_last": losses[-1], "from_cache": hit})  # fmt: skip
+        expert_rows.append({"expert": i, "family": fam, "component": fam in COMPOSITES.get(cfg.target, ()),
+                            "train_items": len(train), "loss_first": losses[0], "loss_last": losses[-1],
+                            "from_cache": hit})  # fmt: skip
 
     dev_set, test_set = ChoiceSet(trunk, tok, dev), ChoiceSet(trunk, tok, test)
 
@@ -183,8 +249,6 @@ def run(cfg: Any, ctx: Any) -> Any:
         on_iteration=lambda it, u: ctx.log.info("swarm iteration %d: max dev %.3f", it, max(u)),
     ).search()
     budget = counters["model_swarms"].calls
-    if any(b < a for a, b in zip(res.g_history, res.g_history[1:])):
-        raise RuntimeError(f"the swarm's global best decreased: {res.g_history}")
     # the best single expert: the swarm's first evaluation already scored every expert (the first N particles; a
     # populate step appends its children after them), so its N evaluations are read back, not recomputed
     first = iter([h[0] for h in res.particle_history[: len(experts)]])
@@ -213,21 +277,35 @@ def run(cfg: Any, ctx: Any) -> Any:
     if len(set(calls.values())) != 1:
         raise RuntimeError(f"unequal evaluation budgets {calls}; every searcher must use exactly {budget}")
 
-    # test (and dev, for the mechanism check) of every system; outside the budget
-    tests = {"model_swarms": test_set.correct(slot.load(res.global_best)),
-             "best_single": test_set.correct(slot.load(single.best)),
-             "uniform_soup": test_set.correct(slot.load(soup)),
-             "random_search": test_set.correct(slot.load(rs.best)),
-             "ties": test_set.correct(slot.load_dense(merged["ties"].best)),
-             "dare_linear": test_set.correct(slot.load_dense(merged["dare_linear"].best)),
-             "base": test_set.correct(trunk.reference)}  # fmt: skip
-    devs = {
-        "model_swarms": dev_set.correct(slot.load(res.global_best)),
-        "best_single": dev_set.correct(slot.load(single.best)),
-    }
+    # the by-construction guarantee (dev g >= the best expert), asserted exactly: a violation stops the run
+    g_check = g_reaches_best_expert(res, single)
+
+    # test and dev of every system (the base model included); outside the budget. One scoring pass per system and
+    # split gives the picks; accuracy and the composite's case-trap rate are read from them.
+    systems = {"model_swarms": lambda: slot.load(res.global_best), "best_single": lambda: slot.load(single.best),
+               "uniform_soup": lambda: slot.load(soup), "random_search": lambda: slot.load(rs.best),
+               "ties": lambda: slot.load_dense(merged["ties"].best),
+               "dare_linear": lambda: slot.load_dense(merged["dare_linear"].best),
+               "base": lambda: trunk.reference}  # fmt: skip
+    test_picks = {s: test_set.picks(load()) for s, load in systems.items()}
+    dev_picks = {s: dev_set.picks(load()) for s, load in systems.items()}
+    tests = {s: test_set.score(p) for s, p in test_picks.items()}
+    devs = {s: dev_set.score(p) for s, p in dev_picks.items()}
+    traps = {s: test_set.trap_rate(p) for s, p in test_picks.items()}
     for i, e in enumerate(experts):
+        picks = test_set.picks(slot.load(e))
         expert_rows[i]["dev_acc"] = single.history[i]
-        expert_rows[i]["test_acc"] = float(np.mean(test_set.correct(slot.load(e))))
+        expert_rows[i]["test_acc"] = float(np.mean(test_set.score(picks)))
+        if test_set.trap_rate(picks) is not None:
+            expert_rows[i]["test_case_trap"] = float(np.mean(test_set.trap_rate(picks)))
+    base_row = {"expert": "base", "family": "(no LoRA)", "component": False, "dev_acc": float(np.mean(devs["base"])),
+                "test_acc": float(np.mean(tests["base"]))}  # fmt: skip
+    if traps["base"] is not None:
+        base_row["test_case_trap"] = float(np.mean(traps["base"]))
+    expert_rows.insert(0, base_row)
+    rescored = float(np.mean(devs["model_swarms"]))
+    g_check["rescored_g_dev"] = rescored
+    g_check["rescore_matches"] = rescored == res.global_best_utility  # the utility is deterministic
 
     notes = {"model_swarms": f"global best (particle {res.global_best_particle}), {budget} dev evaluations",
              "best_single": f"expert {single.best_info['expert']} ({cfg.experts[single.best_info['expert']]}), "
@@ -241,6 +319,9 @@ def run(cfg: Any, ctx: Any) -> Any:
         ctx.record(s, TEST, vals, clusters=test_set.ids, note=notes[s])
     for s, vals in devs.items():
         ctx.record(s, DEV, vals, clusters=dev_set.ids, note="the search objective, re-scored")
+    for s, vals in traps.items():
+        if vals is not None:
+            ctx.record(s, TRAP, vals, clusters=test_set.ids, note="picked the right capital not in uppercase")
     for s in (*SEARCHERS, "best_single"):
         ctx.record_value(s, "utility_evaluations", counters[s].calls, note="dev utility calls")
         ctx.record_value(s, "best_dev_utility", max(counters[s].history), note="best dev accuracy found")
@@ -252,9 +333,11 @@ def run(cfg: Any, ctx: Any) -> Any:
                        "g_history": res.g_history, "best_particle": res.global_best_particle,
                        "start_expert_of_best": cfg.experts[res.global_best_particle]
                        if res.global_best_particle < len(cfg.experts) else "populated"})  # fmt: skip
-    ctx.flag("g_monotone", True)
+    ctx.flag("g_reaches_best_expert", g_check)
     ctx.table("experts", expert_rows)
-    ctx.table("swarm_history", [{"iteration": t, "g": g, "g_worst": w, "step": res.step_history[t - 1] if t else None,
+    base_dev = float(np.mean(devs["base"]))
+    ctx.table("swarm_history", [{"iteration": t, "g": g, "g_worst": w, "base_dev": base_dev,
+                                 "step": res.step_history[t - 1] if t else None,
                                  "particles": [h[t] for h in res.particle_history]}
                                 for t, (g, w) in enumerate(zip(res.g_history, res.g_worst_history))])  # fmt: skip
     ctx.add_samples({"id": ex_id, "answer_index": gold, **{s: tests[s][j] for s in tests}}
@@ -279,11 +362,14 @@ def run(cfg: Any, ctx: Any) -> Any:
         f"options, log-likelihood). Swarm: {res.iterations} iterations ({res.stopped}), {len(res.restarts)} "
         f"restarts, hparams {hp}; budget B = {budget} dev evaluations for every searcher."
     )
-    return ctx.finish(claims())
+    return state_signal(ctx.finish(claims()))
 
 
 def claims() -> list[Claim]:
     return [
+        Claim(DEV, "best_single", "base", ">",
+              text="sanity (read first): the best expert (chosen on dev) beats the base model on dev; otherwise no "
+                   "expert carries the target and the run has no signal (dev-selected, so biased upward)"),
         Claim(TEST, "model_swarms", "best_single", ">",
               text="test accuracy on the new task: the swarm's global best above the best single expert (chosen on "
                    "dev)"),
@@ -296,9 +382,8 @@ def claims() -> list[Claim]:
               text="test accuracy: swarm above TIES (density, λ tuned with the same budget; reported)"),
         Claim(TEST, "model_swarms", "dare_linear", ">", gate=False,
               text="test accuracy: swarm above DARE-linear (density, λ tuned with the same budget; reported)"),
-        Claim(DEV, "model_swarms", "best_single", ">", mechanism=True,
-              text="dev accuracy (the objective): the swarm's global best is at least the best expert, since g starts "
-                   "there and never decreases (checked)"),
+        Claim(TEST, "best_single", "base", ">", gate=False,
+              text="sanity on test (reported; free of the dev selection): the best expert beats the base model"),
     ]  # fmt: skip
 
 
