@@ -195,6 +195,23 @@ def test_select_recipe_extends_a_choice_on_the_grid_edge():
         M.select_recipe(_fake_runs([]), lambda m: (0.0,), [1e-4], [0, 1])
 
 
+def test_select_recipe_caps_each_axis_separately():
+    # issue 34: the 2026-12-07 CE search spent its shared cap of 2 on an lr extension (9e-4, lost) and on epoch 2
+    # (won), and stopped on the epoch edge. Each axis now has its own cap, so the winning run trains on until an
+    # epoch loses: on the old shared cap this search ends at (3e-4, 2) with epochs_at_edge and no epoch-3 point
+    started = []
+    r = M.select_recipe(_fake_runs(started), _peak_at(3e-4, 2), [3e-5, 1e-4, 3e-4], [1], max_extensions=2)
+    assert started == pytest.approx([3e-5, 1e-4, 3e-4, 9e-4])  # one lr extension: 9e-4 loses, the lr is inside
+    assert [(p.lr, p.epochs) for p in r.grid if p.extension] == [(pytest.approx(9e-4), 1), (3e-4, 2), (3e-4, 3)]
+    assert (r.lr, r.epochs) == (3e-4, 2) and not r.lr_at_edge and not r.epochs_at_edge  # inside on both axes
+    # the cap still binds per axis: a dev score that keeps improving with epochs stops after 2 more, on the edge
+    r = M.select_recipe(_fake_runs([]), _peak_at(3e-4, 9), [3e-5, 1e-4, 3e-4], [1], max_extensions=2)
+    assert (r.lr, r.epochs) == (3e-4, 3) and r.epochs_at_edge
+    assert sum(p.extension for p in r.grid) == 3  # 1 lr + 2 epochs
+    r = M.select_recipe(_fake_runs([]), _peak_at(1e-2, 9), [3e-5, 1e-4, 3e-4], [1], max_extensions=1)
+    assert r.lr == pytest.approx(9e-4) and r.lr_at_edge and r.epochs == 2 and r.epochs_at_edge  # 1 + 1
+
+
 @pytest.fixture(scope="module")
 def tuned_smoke():
     grid = dict(epoch_grid=[1, 2], lrs=[1e-4, 3e-4, 1e-3], max_extensions=1)
@@ -242,6 +259,22 @@ def test_baselines_are_checked_against_a_random_pick_and_gate_only_when_they_bea
     assert not by[("implicit_prm_ce", "orm", "bon_acc")].gate
 
 
+def test_trivial_pick_and_size_shortcut_rows_are_reported(tuned_smoke):
+    # README: a scorer picks among distinct texts (the random pick counts copies of the error-free solution), and
+    # value heads leaned on the answer's size; both levels are rows of every run, with every scorer's pair accuracy
+    # and the time of each phase
+    r = tuned_smoke
+    for name in ("random", "random_distinct_text", "smallest_answer"):
+        assert 0.0 <= r.metric(name, "bon_acc").value <= 1.0
+    assert r.metric("random_distinct_text", "dev_bon_acc").n == r.config["n_dev"]
+    pair_rows = {row.system for row in r.metrics if row.metric == "pair_acc"}
+    assert pair_rows == {"implicit_prm_ce", "implicit_prm_dpo", "orm", "mc_prm", "smallest_answer"}
+    assert all(0.0 <= r.metric(n, "pair_acc").value <= 1.0 for n in pair_rows)
+    for name in ("implicit_prm_ce", "implicit_prm_dpo", "orm", "mc_prm"):
+        assert r.metric(name, "search_s").value > 0
+    assert r.metric("timing", "prepare_s").value > 0
+
+
 def test_pairs_stay_within_a_question_and_balance_weights():
     chosen, rejected = M._pairs([0, 1, 2, 3, 4], [1.0, 0.0, 0.0, 1.0, 0.0], ["a", "a", "a", "b", "b"])
     assert sorted(zip(chosen, rejected)) == [(0, 1), (0, 2), (3, 4)]
@@ -272,6 +305,19 @@ def test_best_of_n_and_votes_break_ties_in_expectation():
     assert M.first_error_hit([0.1, -2.0, -1.0], 1) == 1.0 and M.first_error_hit([0.1, -2.0, -1.0], 2) == 0.0
     assert M.aggregate([1.0, -2.0, 0.5], "min") == -2.0 and M.aggregate([1.0, -2.0, 0.5], "sum") == -0.5
     assert M.aggregate([1.0, -2.0, 0.5], "last") == 0.5
+
+
+def test_distinct_pick_counts_texts_not_copies():
+    # 3 copies of the correct text among 5 candidates: a random candidate is right 3/5 of the time, a uniform pick
+    # among the 3 distinct texts 1/3 (exact, not sampled)
+    texts = [("a",), ("a",), ("b",), ("a",), ("c",)]
+    correct = [True, True, False, True, False]
+    assert M.distinct_pick_accuracy(texts, correct) == pytest.approx(1 / 3)
+    assert M.distinct_pick_accuracy([("a",), ("b",)], [True, True]) == 1.0
+    with pytest.raises(ValueError, match="labelled both"):
+        M.distinct_pick_accuracy([("a",), ("a",)], [True, False])
+    with pytest.raises(ValueError, match="one text per candidate"):
+        M.distinct_pick_accuracy([("a",)], [True, False])
 
 
 # ------------------------------------------------------------------------------------------------------ the task
@@ -316,6 +362,63 @@ def test_mc_labels_equal_the_exact_prefix_labels_without_completion_noise():
         assert labels[: c.n_ops] == [float(x) for x in c.step_ok]
         assert labels[-1] == float(c.correct)
         assert rollouts == 3 * (c.n_ops - 1) and tokens > 0
+
+
+def test_solver_errors_are_symmetric_around_the_true_result():
+    # issue 34 / README: the first mix (+1, -1, +10, the wrong operator's result) put wrong results above the true
+    # one about 2:1. Now every size is as likely above as below, given the step (fails on the old mix: +10 had no -10)
+    rng = random.Random(0)
+    offsets: dict[int, int] = {}
+    for _ in range(30000):
+        op = rng.choice(list(T.OPS))
+        value, x = rng.randint(0, 60), rng.randint(2, 3) if op == "mul" else rng.randint(1, 9)
+        result = T._apply(value, op, x)
+        d = T._corrupt(value, op, x, result, rng) - result
+        assert d != 0  # always wrong
+        offsets[d] = offsets.get(d, 0) + 1
+    above = sum(c for d, c in offsets.items() if d > 0)
+    assert abs(above / sum(offsets.values()) - 0.5) < 0.01
+    for size in {abs(d) for d in offsets}:
+        up, down = offsets.get(size, 0), offsets.get(-size, 0)
+        assert abs(up - down) <= 4 * math.sqrt(up + down) + 2, (size, up, down)
+
+
+def _shortcut_stats(n: int, seed: int) -> dict[str, float]:
+    probs = T.make_problems(n, seed, "train")
+    rng = random.Random(seed)
+    above = below = 0
+    pairs, pairs_abs, pick_min, pick_max, pick_small, distinct = [], [], [], [], [], []
+    for pr in probs:
+        cands = T.candidates_for(pr, 8, 0.3, rng)
+        ok = [c.correct for c in cands]
+        above += sum(c.answer > int(pr.target) for c in cands)
+        below += sum(c.answer < int(pr.target) for c in cands)
+        pair = M.pair_accuracy([-c.answer for c in cands], ok)  # "the smaller answer is right"
+        if pair is not None:
+            pairs.append(pair)
+            pairs_abs.append(M.pair_accuracy([-abs(c.answer) for c in cands], ok))
+        pick_min.append(M.best_of_n_accuracy([-c.answer for c in cands], ok))
+        pick_max.append(M.best_of_n_accuracy([c.answer for c in cands], ok))
+        pick_small.append(M.best_of_n_accuracy([-abs(c.answer) for c in cands], ok))
+        distinct.append(M.distinct_pick_accuracy([c.steps for c in cands], ok))
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return {"above": above / (above + below), "pair": mean(pairs), "pair_abs": mean(pairs_abs),
+            "pick_min": mean(pick_min), "pick_max": mean(pick_max), "pick_small": mean(pick_small),
+            "distinct": mean(distinct)}  # fmt: skip
+
+
+def test_the_answer_size_shortcut_carries_no_signal_on_generated_data():
+    # 200 seeded problems x 8 candidates, as the run draws them. Old mix: wrong answers above the target 0.65 of the
+    # time, "smaller is right" orders 0.65 of the correct x wrong pairs right (|answer|: 0.68), and the smallest
+    # answer is correct 0.115 of the time against the largest's 0.005
+    s = _shortcut_stats(200, 0)
+    assert abs(s["above"] - 0.5) < 0.05
+    assert abs(s["pair"] - 0.5) < 0.05  # the signed size ranks pairs at chance
+    assert s["pair_abs"] < 0.6  # |answer| keeps a little: wrong answers that cross below 0 (README)
+    assert abs(s["pick_min"] - s["pick_max"]) < 0.04  # the two extremes are equally (rarely) right
+    # with wrong answers on both sides the correct one sits inside, so an extreme pick is right less often than a
+    # uniform pick among the distinct texts (it is not a scorer's floor; the distinct-text pick is)
+    assert s["pick_small"] <= s["distinct"]
 
 
 def test_splits_are_disjoint():

@@ -38,6 +38,9 @@ SPEC = register_method(
             },
             "quick": {"n_train": 16, "n_dev": 4, "n_eval": 12, "n_candidates": 4},
         },
+        # default over 5 min: the claim needs every reward model tuned by its own dev search (19-21 one-epoch grid
+        # points, ~550 s at the 2026-12-07 run's rate; README, Timing)
+        budget_s={"smoke": 10.0, "quick": 60.0, "default": 600.0},
         tags=("alignment", "reward-model", "prm", "best-of-n"),
         bibtex=(
             "@inproceedings{yuan2025implicitprm,\n  title={Free Process Rewards without Process Labels},\n"
@@ -57,6 +60,7 @@ __getattr__, _LAZY = lazy_exports(
         "aggregate",
         "balance_weights",
         "best_of_n_accuracy",
+        "distinct_pick_accuracy",
         "encode_steps",
         "first_error_hit",
         "implicit_epochs",

@@ -28,16 +28,20 @@ class ImplicitPRMConfig(BaseConfig):
             one run per lr with checkpoints at the epochs (`method.select_recipe`); the same grid for each system.
         head_lr_scale (`float`, defaults to 30): a value model's freshly initialised scalar head steps at this
             multiple of its blocks' lr (3e-3 at lr 1e-4: the head needs it to turn in a few dozen steps).
-        max_extensions (`int`, defaults to 2): extra points a system's search gets when its choice sits on an edge
-            (the next lr out by the grid's spacing, else one more epoch of the chosen run): with ``epoch_grid=[1]``
-            the winning lr trains on while dev improves.
+        max_extensions (`int`, defaults to 2): extra points a system's search gets on each axis while its choice
+            sits on that axis' edge (the next lr out by the grid's spacing; one more epoch of the chosen run): with
+            ``epoch_grid=[1]`` the winning lr trains on while dev improves. A cap per axis: a shared one let an lr
+            extension that lost use up the epochs' and left the CE PRM on its epoch edge (2026-12-07 run).
         batch_size: responses per training / scoring batch.
-        n_train (`int`, defaults to 100): training problems, of which n_dev (`int`, defaults to 20) are held back
-            as the dev split (with `n_candidates` candidates each, like the test); n_responses (`int`, defaults to
-            4): solver responses per remaining training problem, with outcome labels only (paper: UltraInteract,
-            8 rollouts per instruction).
+        n_train (`int`, defaults to 92): training problems, of which n_dev (`int`, defaults to 12) are held back
+            as the dev split (with `n_candidates` candidates each, like the test), so 80 problems train; n_responses
+            (`int`, defaults to 4): solver responses per remaining training problem, with outcome labels only
+            (paper: UltraInteract, 8 rollouts per instruction). Budget: the default runs about 10 minutes on 2
+            cores, not 5 (README, Timing): every reward model's own dev search is what makes the baselines worth
+            comparing against; 12 dev problems instead of 20 pay for the per-axis extension cap.
         n_eval (`int`, defaults to 40): held-out problems; n_candidates (`int`, defaults to 8): best-of-N's N.
-        error_rate (`float`, defaults to 0.3): probability that the noisy solver writes a wrong result at a step.
+        error_rate (`float`, defaults to 0.3): probability that the noisy solver writes a wrong result at a step
+            (+-1, +-10 or +- a wrong operator's distance, the sign a fair coin: `task._corrupt`).
         min_ops, max_ops (`int`, defaults to 3 and 4): operations per problem (one step each, then the answer).
         mc_rollouts (`int`, defaults to 4): Math-Shepherd completions per step prefix (the explicit-PRM baseline).
         orm_loss (`str`, defaults to ``"bt"``): the outcome RM's objective: Bradley-Terry on correct x incorrect
@@ -62,11 +66,11 @@ class ImplicitPRMConfig(BaseConfig):
                              lo=1, nonempty=True)  # fmt: skip
     head_lr_scale: float = param(30.0, "a value model's fresh scalar head steps at this multiple of its blocks' lr",
                                  lo=0.0, open_lo=True)  # fmt: skip
-    max_extensions: int = param(2, "extra points per reward model's search when its dev choice sits on an edge",
-                                lo=0)  # fmt: skip
+    max_extensions: int = param(2, "extra points per axis (lr, epochs) of a reward model's dev search while its "
+                                "choice sits on that axis' edge", lo=0)  # fmt: skip
     batch_size: int = param(16, "responses per training / scoring batch (whole questions)")
-    n_train: int = param(100, "training problems (the dev split included)", paper="UltraInteract math instructions")
-    n_dev: int = param(20, "training problems held back as the dev split that chooses every reward model's recipe")
+    n_train: int = param(92, "training problems (the dev split included)", paper="UltraInteract math instructions")
+    n_dev: int = param(12, "training problems held back as the dev split that chooses every reward model's recipe")
     n_responses: int = param(4, "solver responses per training problem (outcome labels)", paper="8 rollouts")
     n_eval: int = param(40, "held-out problems", paper="MATH-500")
     n_candidates: int = param(8, "best-of-N candidates per held-out problem", paper="N = 4, 16, 64")

@@ -5,24 +5,27 @@ response-level labels only is a PRM for free; in best-of-N it beats a Math-Sheph
 labels while its training data costs < 1/38 as much.
 
 1. Data (`task.py`): seeded arithmetic chains ("Start with 7. Add 5. Multiply by 3. ..."), one line per operation
-   and an answer line; a noisy programmatic solver writes each line wrong with probability `error_rate` (off by
-   one / ten, wrong operator; errors propagate), so outcome labels and the first wrong step are exact. Training:
-   `n_train` problems of the train split; `n_dev` of them are carved out as the dev split (`n_candidates` solver
-   candidates each, like the test), the rest train with `n_responses` responses each, outcome labels only. Held
-   out: `n_eval` problems of the test split x `n_candidates`.
+   and an answer line; a noisy programmatic solver writes each line wrong with probability `error_rate` (+-1, +-10
+   or +- a wrong operator's distance, the sign a fair coin; errors propagate), so outcome labels and the first wrong
+   step are exact and wrong answers fall as often above the target as below. Training: `n_train` problems of the
+   train split; `n_dev` of them are carved out as the dev split (`n_candidates` solver candidates each, like the
+   test), the rest train with `n_responses` responses each, outcome labels only. Held out: `n_eval` problems of the
+   test split x `n_candidates`.
 2. Reward models, all on `model` with the same frozen trunk (cached once) and trainable top `k` blocks: the
    implicit PRM with each objective in `losses` (CE, DPO); an outcome RM (scalar head, Bradley-Terry on
    within-question correct x incorrect pairs: the same pairs as DPO, the same labels as CE); a Math-Shepherd PRM
    (scalar head, per-step BCE on hard Monte Carlo labels from `mc_rollouts` solver completions per step prefix).
    Every one gets its own recipe from the same search (`select_recipe`): one run per lr of `lrs`, checkpoints at
-   `epoch_grid`, the best dev best-of-N wins, a choice on an edge extends the search (`max_extensions`: the next lr
-   out, else the winning run trains one epoch more); a value model's fresh head steps at `head_lr_scale` x its
-   blocks' lr.
+   `epoch_grid`, the best dev best-of-N wins, a choice on an edge extends the search (`max_extensions` per axis:
+   the next lr out, else the winning run trains one epoch more); a value model's fresh head steps at
+   `head_lr_scale` x its blocks' lr.
 3. Metrics per held-out problem (the independent unit): best-of-N accuracy (expected under uniform tie-breaking) of
-   every reward model, majority vote, random pick and the pass@N oracle; per wrong candidate (clustered by
-   problem): first-error localisation (argmin step reward = the true first wrong step) against the chance rate
-   1 / (operation steps); the training-data cost (rollouts and generated tokens per training response); per dev
-   problem: the chosen recipe's best-of-N (the sanity check against a random pick).
+   every reward model, majority vote, a random pick (copies counted), a uniform pick among the distinct candidate
+   texts (a scorer's trivial level), the smallest-|answer| shortcut and the pass@N oracle; within-problem pair
+   accuracy of every scorer; per wrong candidate (clustered by problem): first-error localisation (argmin step
+   reward = the true first wrong step) against the chance rate 1 / (operation steps); the training-data cost
+   (rollouts and generated tokens per training response); per dev problem: the chosen recipe's best-of-N (the
+   sanity check against a random pick) and the two random picks.
 
 Claim checks: gated: bon_acc(implicit headline) > majority vote; > MC PRM (the paper's headline; "inconclusive"
 is an acceptable outcome at this size), gated only while the tuned MC PRM beats a random pick on dev (else reported
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from typing import Any
 
 import numpy as np
@@ -48,6 +52,7 @@ from lmlab.methods.alignment.implicit_prm.method import (
     ImplicitPRM,
     aggregate,
     best_of_n_accuracy,
+    distinct_pick_accuracy,
     first_error_hit,
     implicit_epochs,
     pair_accuracy,
@@ -171,9 +176,12 @@ def run(cfg: Any, ctx: Any) -> Any:
         ids = [pr.id for pr, _ in rows]
         return prepare(trunk, tok, prompts, steps, delimiter=DELIMITER, batch_size=cfg.batch_size, groups=ids)
 
+    t0 = time.perf_counter()
     train_b = prep(train)
     dev_b = prep(devs)
     eval_b = prep(evals)
+    ctx.record_value("timing", "prepare_s", time.perf_counter() - t0, unit="s",
+                     note="trunk cache and reference log-probs of the train, dev and held-out rows")  # fmt: skip
     resp_tokens = [0] * len(train)
     for pb in train_b:
         for j, row in enumerate(pb.rows):
@@ -220,8 +228,11 @@ def run(cfg: Any, ctx: Any) -> Any:
                     return value_model_epochs(trunk, train_b, objective="bt", labels=labels, groups=groups, **common)
                 return value_model_epochs(trunk, train_b, objective="steps", step_labels=mc_labels, **common)
 
+        t0 = time.perf_counter()
         recipe = select_recipe(start, lambda m, name=name: dev_score(name, m), cfg.lrs, cfg.epoch_grid,
                                max_extensions=cfg.max_extensions)  # fmt: skip
+        ctx.record_value(name, "search_s", time.perf_counter() - t0, unit="s",
+                         note="the dev recipe search: one epoch and one dev scoring per grid point")  # fmt: skip
         recipes[name] = recipe
         trained, log = recipe.model, recipe.log
         if name.startswith("implicit_prm_"):
@@ -279,6 +290,10 @@ def run(cfg: Any, ctx: Any) -> Any:
     ctx.table("recipe_grid", grid_rows)
     dev_random = [float(np.mean([devs[i][1].correct for i in idx])) for idx in dev_by_problem.values()]
     ctx.record("random", "dev_bon_acc", dev_random, note="expected accuracy of a random pick, dev problems")
+    dev_distinct = [distinct_pick_accuracy([devs[i][1].steps for i in idx], [devs[i][1].correct for i in idx])
+                    for idx in dev_by_problem.values()]  # fmt: skip
+    ctx.record("random_distinct_text", "dev_bon_acc", dev_distinct,
+               note="uniform pick among the distinct candidate texts (a scorer's floor), dev problems")  # fmt: skip
     # a baseline that does not beat a random pick on dev is not a baseline to beat: its comparison is not gated
     sane = {b: float(np.mean(ctx.values(b, "dev_bon_acc"))) > float(np.mean(dev_random)) for b in ("orm", "mc_prm")}
     ctx.flag("baselines_beat_random_on_dev", sane)
@@ -316,10 +331,32 @@ def run(cfg: Any, ctx: Any) -> Any:
             )
     bon_systems["majority_vote"] = per_problem(lambda idx: vote_accuracy(answers(idx), correct(idx)))
     bon_systems["random"] = per_problem(lambda idx: float(np.mean(correct(idx))))
+    # the trivial level of a scorer (identical texts get identical scores, so it picks among distinct texts; the
+    # random pick above counts the ~3 copies of the error-free solution) and the answer-size shortcut a value head
+    # can learn from the candidates alone (README: why the baselines picked below random)
+    bon_systems["random_distinct_text"] = per_problem(
+        lambda idx: distinct_pick_accuracy([evals[i][1].steps for i in idx], correct(idx))
+    )
+    smallest = [-float(abs(c.answer)) for _, c in evals]  # score per row: the smaller |answer|, the higher
+    bon_systems["smallest_answer"] = per_problem(lambda idx: best_of_n_accuracy([smallest[i] for i in idx],
+                                                                                correct(idx)))  # fmt: skip
     bon_systems["oracle_pass_at_n"] = per_problem(lambda idx: float(any(correct(idx))))
+    notes = {
+        "oracle_pass_at_n": "upper bound: any candidate correct",
+        "random": "expected accuracy of a uniform pick among the candidates (copies counted)",
+        "random_distinct_text": "expected accuracy of a uniform pick among the distinct candidate texts (exact)",
+        "smallest_answer": "the candidate with the smallest |answer| (the size shortcut), ties broken uniformly",
+    }
     for name, vals in bon_systems.items():
-        note = {"oracle_pass_at_n": "upper bound: any candidate correct", "random": "expected accuracy"}.get(name, "")
-        ctx.record(name, "bon_acc", vals, note=note or f"best-of-{cfg.n_candidates}, ties broken uniformly")
+        note = notes.get(name, f"best-of-{cfg.n_candidates}, ties broken uniformly")
+        ctx.record(name, "bon_acc", vals, note=note)
+    # within-problem ranking accuracy of every scorer (0.5 = no signal): a scorer can rank pairs above chance and
+    # still pick badly (the size shortcut ranks 0.6 of pairs right on the first error mix and picks extremes)
+    for name, scores in [*((n, s["bon"]) for n, s in systems.items()), ("smallest_answer", smallest)]:
+        pairs = _pair_acc_per_problem(scores, evals, by_problem)
+        if pairs:  # none when no held-out problem has both a correct and a wrong candidate
+            ctx.record(name, "pair_acc", pairs, note="correct x wrong pairs of a problem ordered right by the "
+                       "best-of-N score, ties 1/2; problems with both kinds")  # fmt: skip
 
     # first-error localisation on wrong candidates, clustered by problem
     wrong = [i for i, (_, c) in enumerate(evals) if c.first_error is not None]
@@ -390,6 +427,8 @@ def run(cfg: Any, ctx: Any) -> Any:
         "mc_prm",
         "majority_vote",
         "random",
+        "random_distinct_text",
+        "smallest_answer",
         "oracle_pass_at_n",
     ]
     rows = [r for s in order for r in ctx.metrics if r.system == s and r.metric == "bon_acc"]
@@ -402,12 +441,13 @@ def run(cfg: Any, ctx: Any) -> Any:
 
     ctx.note(
         f"Task: arithmetic chains ({cfg.min_ops}-{cfg.max_ops} operations), noisy programmatic solver with per-step "
-        f"error rate {cfg.error_rate:g}; {len(train_probs)} x {cfg.n_responses} training responses with outcome "
+        f"error rate {cfg.error_rate:g} (errors symmetric around the true result: +-1, +-10, +- a wrong operator's "
+        f"distance); {len(train_probs)} x {cfg.n_responses} training responses with outcome "
         f"labels only; {len(dev_probs)} x {cfg.n_candidates} dev candidates (training problems held back) choose "
         f"each reward model's recipe; {len(eval_probs)} x {cfg.n_candidates} held-out candidates. Every reward model "
         f"trains the top {cfg.k} blocks of {cfg.model} over one cached frozen trunk with its own lr and epochs from "
         f"the same dev search ({len(cfg.lrs)} lrs x epochs {cfg.epoch_grid}, up to {cfg.max_extensions} edge "
-        f"extensions; the value heads at {cfg.head_lr_scale:g}x the blocks' lr): "
+        f"extensions per axis; the value heads at {cfg.head_lr_scale:g}x the blocks' lr): "
         + ", ".join(f"{n} lr {r.lr:.2g} x {r.epochs}" for n, r in recipes.items())
         + f". Implicit PRM: beta {cfg.beta:g}, best-of-N by the {cfg.aggregate} of its step rewards. MC PRM data "
         f"costs {ratio_r:.1f}x the rollouts and {ratio_t:.1f}x the generated tokens of the implicit PRM's."

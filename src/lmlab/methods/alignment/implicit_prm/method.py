@@ -578,11 +578,13 @@ def select_recipe(
     One run per lr (``start(lr)``, an epoch iterator such as `implicit_epochs`), scored by ``dev_score(model)`` at
     each epoch of `epoch_grid` (checkpoints of one run: more epochs cost training, not new runs). The highest score
     wins; ties go to the lr nearest the grid's (geometric) centre, then to fewer epochs, then to the point tried
-    first, so an edge wins only by beating the inside. A choice on an edge extends the search, one point at a time
-    and `max_extensions` points in all, the lr axis first: the smallest (largest) lr tried adds a run at the next lr
-    down (up) by the grid's own spacing (a one-lr grid has no lr axis); a choice at the most epochs tried at its lr
-    trains that same run one epoch more (successive halving: with ``epoch_grid=[1]`` every lr gets one epoch and
-    only the winner trains on while dev improves). The model comes back with the chosen checkpoint's weights.
+    first, so an edge wins only by beating the inside. A choice on an edge extends the search, one point at a time,
+    until it is inside on both axes or the axis has used its `max_extensions` points (a cap per axis, so an lr
+    extension that loses does not use up the epochs'), the lr axis first: the smallest (largest) lr tried adds a run
+    at the next lr down (up) by the grid's own spacing (a one-lr grid has no lr axis); a choice at the most epochs
+    tried at its lr trains that same run one epoch more (successive halving: with ``epoch_grid=[1]`` every lr gets one
+    epoch and only the winner trains on while dev improves). The model comes back with the chosen checkpoint's
+    weights.
     """
     lrs = sorted(float(x) for x in lrs)
     epoch_grid = sorted(int(e) for e in epoch_grid)
@@ -626,14 +628,15 @@ def select_recipe(
 
     for lr in lrs:
         run_lr(lr, False)
-    for _ in range(max_extensions):
+    lr_extensions = epoch_extensions = 0
+    while True:
         tried = sorted(reached)
         choice = best["point"]
-        if len(tried) > 1 and choice.lr == tried[0]:
-            run_lr(tried[0] / down, True)
-        elif len(tried) > 1 and choice.lr == tried[-1]:
-            run_lr(tried[-1] * up, True)
-        elif best["run"] is not None and choice.epochs == reached[choice.lr]:
+        if len(tried) > 1 and choice.lr in (tried[0], tried[-1]) and lr_extensions < max_extensions:
+            lr_extensions += 1
+            run_lr(tried[0] / down if choice.lr == tried[0] else tried[-1] * up, True)
+        elif best["run"] is not None and choice.epochs == reached[choice.lr] and epoch_extensions < max_extensions:
+            epoch_extensions += 1
             run = best["run"]
             model, log = next(run)
             reached[choice.lr] += 1
@@ -675,6 +678,22 @@ def best_of_n_accuracy(scores: Sequence[float], correct: Sequence[bool]) -> floa
     top = max(scores)
     tied = [bool(c) for s, c in zip(scores, correct, strict=True) if s == top]
     return sum(tied) / len(tied)
+
+
+def distinct_pick_accuracy(texts: Sequence[Any], correct: Sequence[bool]) -> float:
+    """Expected accuracy of a uniform pick among the distinct candidate `texts` (exact, not sampled).
+
+    The trivial level of a top-1 scorer: any scorer gives identical texts identical scores, so it chooses among
+    distinct texts, while a uniform pick among candidates (`random`) counts every copy of a repeated text (the
+    error-free solution is the most repeated one). ``#distinct correct texts / #distinct texts``.
+    """
+    if not texts or len(texts) != len(correct):
+        raise ValueError(f"need one text per candidate, got {len(texts)} texts for {len(correct)} flags")
+    label: dict[Any, bool] = {}
+    for t, c in zip(texts, correct, strict=True):
+        if label.setdefault(t, bool(c)) != bool(c):
+            raise ValueError(f"the same text {t!r} is labelled both correct and wrong")
+    return sum(label.values()) / len(label)
 
 
 def pair_accuracy(scores: Sequence[float], correct: Sequence[bool]) -> float | None:

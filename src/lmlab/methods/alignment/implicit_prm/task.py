@@ -4,10 +4,20 @@ Task (the alignment spec's reproduction): "Start with 7. Add 5. Multiply by 3. S
 line per operation, ``"7+5=12"``, ``"12*3=36"``, ``"36-4=32"``, then ``"Answer: 32"``. Each line is a step.
 
 Solver: `noisy_solution` applies the operations in order; at each step, with probability `p`, it writes a wrong
-result instead (off by one, off by ten, or the wrong operator), and later steps compute correctly from that wrong
-value (errors propagate). So every candidate's first wrong step is known exactly (`Candidate.first_error`) and the
-outcome label is exact (final answer == the true result). The error types repeat across candidates, so wrong
-answers collide as the systematic mistakes of a real model do (majority vote is not trivially right).
+result instead, and later steps compute correctly from that wrong value (errors propagate). So every candidate's
+first wrong step is known exactly (`Candidate.first_error`) and the outcome label is exact (final answer == the true
+result). The error types repeat across candidates, so wrong answers collide as the systematic mistakes of a real
+model do (majority vote is not trivially right).
+
+Error mix, symmetric around the true result: a wrong line is ``result + s * size`` with a size of 1, 10 or the wrong
+operator's distance ``|v op' x - v op x|`` (a uniformly drawn other operator on the same operands), each a third of
+the time, and a sign ``s = +-1`` from a fair coin drawn independently of the size. So at every step a wrong result is
+as likely, and as far, above the true one as below (for ``s`` matching the wrong operator's side it is that
+operator's result; otherwise its mirror image). A size larger than a positive true result is drawn again: the
+rejection looks at the size only, so the signs stay equally likely, and a wrong result crosses below zero (where the
+true path never goes, so a visible tell) only through propagation: about 6% of wrong answers (17% without the
+redraw). The first mix (+1, -1, +10, the wrong operator's own result) put wrong final answers above the target about
+2:1, and value heads learnt "the smaller answer is right" from it (README).
 
 Monte Carlo step labels (Math-Shepherd's "hard estimation"): `mc_step_labels` runs `m` solver completions from each
 step prefix; the step is good if any completion reaches the true answer. Its cost in rollouts and generated tokens
@@ -26,7 +36,7 @@ from dataclasses import dataclass
 from lmlab.data import Example, check_split, sample_unique
 
 OPS: dict[str, tuple[str, str]] = {"add": ("Add", "+"), "sub": ("Subtract", "-"), "mul": ("Multiply by", "*")}
-ERRORS: tuple[str, ...] = ("plus_one", "minus_one", "plus_ten", "wrong_op")
+ERRORS: tuple[str, ...] = ("one", "ten", "wrong_op")  # error sizes; the sign is a separate fair coin
 
 
 def _apply(value: int, op: str, x: int) -> int:
@@ -103,16 +113,23 @@ class Candidate:
 
 
 def _corrupt(value: int, op: str, x: int, result: int, rng: random.Random) -> int:
-    kind = rng.choice(ERRORS)
-    if kind == "plus_one":
-        return result + 1
-    if kind == "minus_one":
-        return result - 1
-    if kind == "plus_ten":
-        return result + 10
-    wrong = rng.choice([o for o in OPS if o != op])  # wrong operator on the same operands
-    out = _apply(value, wrong, x)
-    return out if out != result else result + 1
+    """A wrong result ``result +- size``, symmetric around `result` given the step: the size is 1, 10 or the
+    distance to a wrong operator's result on the same operands (kind uniform over `ERRORS`; 1 where that operator
+    gives the true result, e.g. 2+2 and 2*2), the sign a fair coin drawn independently of the size. A size larger than
+    a positive `result` is drawn again (the rejection looks at the size only, so both signs stay equally likely):
+    otherwise a third of the wrong answers cross below zero, where the true path never goes, and the size of an answer
+    is again a cue (README: the shortcut rows)."""
+    while True:
+        kind = rng.choice(ERRORS)
+        if kind == "one":
+            size = 1
+        elif kind == "ten":
+            size = 10
+        else:
+            wrong = rng.choice([o for o in OPS if o != op])
+            size = abs(_apply(value, wrong, x) - result) or 1
+        if size <= result or result < 1:
+            return result + size if rng.random() < 0.5 else result - size
 
 
 def _continue(problem: Example, lines: list[str], value: int, start_op: int, p: float, rng: random.Random,
