@@ -49,6 +49,11 @@ def _hook_state(model) -> list[tuple[str, int, int, int, int]]:
     ]
 
 
+def _ln2(blk):
+    """The pre-MLP norm: llama's post_attention_layernorm, gemma3's pre_feedforward_layernorm."""
+    return getattr(blk, "pre_feedforward_layernorm", None) or blk.post_attention_layernorm
+
+
 def _eager_fn(model):
     return sys.modules[type(model.model.layers[0].self_attn).__module__].eager_attention_forward
 
@@ -59,8 +64,8 @@ def _eager_fn(model):
 def test_hook_names_and_aliases(model):
     names = hook_names(model)
     n_layers = len(model.model.layers)
-    assert names[0] == "hook_embed" and names[-1] == "ln_final.hook_normalized"
-    assert len(names) == 2 + 13 * n_layers
+    assert names[0] == "hook_embed" and names[-2:] == ["ln_final.hook_normalized", "ln_final.hook_out"]
+    assert len(names) == 3 + 19 * n_layers
     for layer in range(n_layers):
         for suffix in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_z", "attn.hook_pattern"):
             assert f"blocks.{layer}.{suffix}" in names
@@ -69,9 +74,14 @@ def test_hook_names_and_aliases(model):
     assert resolve_hook_name(model, "blocks.0.attn.out") == "blocks.0.attn.hook_out"
     assert resolve_hook_name(model, "blocks.0.mlp.out") == "blocks.0.mlp.hook_out"
     assert resolve_hook_name(model, "blocks.0.attn.pattern") == "blocks.0.attn.hook_pattern"
-    assert resolve_hook_name(model, "blocks.0.hook_attn_out") == "blocks.0.attn.hook_out"
-    assert resolve_hook_name(model, "blocks.0.hook_mlp_out") == "blocks.0.mlp.hook_out"
-    assert resolve_hook_name(model, "blocks.0.mlp.hook_post") == "blocks.0.mlp.hook_pre"
+    # TransformerLens' names are canonical and are never redirected to another point.
+    assert resolve_hook_name(model, "blocks.0.attn_out") == "blocks.0.hook_attn_out"
+    assert resolve_hook_name(model, "blocks.0.hook_mlp_out") == "blocks.0.hook_mlp_out"
+    assert resolve_hook_name(model, "blocks.0.mlp.hook_post") == "blocks.0.mlp.hook_post"
+    assert resolve_hook_name(model, "blocks.0.mlp.pre") == "blocks.0.mlp.hook_pre"
+    assert resolve_hook_name(model, "blocks.0.mlp.pre_linear") == "blocks.0.mlp.hook_pre_linear"
+    assert resolve_hook_name(model, "blocks.0.ln1.normalized") == "blocks.0.ln1.hook_normalized"
+    assert resolve_hook_name(model, "ln_final") == "ln_final.hook_out"
     assert resolve_hook_name(model, "embed") == "hook_embed"
 
 
@@ -108,7 +118,7 @@ def test_cache_reproduces_logits_closed_form(model):
         cap = getattr(model.config, "final_logit_softcapping", None)
         if cap is not None:
             closed = torch.tanh(closed / cap) * cap
-    assert torch.equal(normed, cache["ln_final.hook_normalized"])
+    assert torch.equal(normed, cache["ln_final.hook_out"])
     torch.testing.assert_close(closed, ref, rtol=0, atol=1e-5)
 
 
@@ -122,8 +132,8 @@ def test_residual_stream_decomposition(model):
         torch.testing.assert_close(cache["hook_embed"], raw, rtol=1e-6, atol=1e-6)
     for layer in range(n_layers):
         pre = cache[f"blocks.{layer}.hook_resid_pre"]
-        attn_out = cache[f"blocks.{layer}.attn.hook_out"]
-        mlp_out = cache[f"blocks.{layer}.mlp.hook_out"]
+        attn_out = cache[f"blocks.{layer}.hook_attn_out"]
+        mlp_out = cache[f"blocks.{layer}.hook_mlp_out"]
         mid = cache[f"blocks.{layer}.hook_resid_mid"]
         post = cache[f"blocks.{layer}.hook_resid_post"]
         # Same summation order as the model: exact for both architectures (gemma3's outs are post-norm).
@@ -144,28 +154,122 @@ def test_per_head_contributions_sum_to_attn_out(model):
         contrib = head_contributions(model, layer, z)  # (batch, seq, heads, d_model)
         assert contrib.shape == (*z.shape[:3], model.config.hidden_size)
         total = contrib.sum(2)
+        attn_out = cache[f"blocks.{layer}.attn.hook_out"]  # o_proj's output on both architectures
         with torch.no_grad():
             torch.testing.assert_close(total, blk.self_attn.o_proj(z.flatten(-2)), rtol=1e-5, atol=1e-5)
-            # llama: attn.hook_out is o_proj's output; gemma3: post_attention_layernorm of it.
-            expected = blk.post_attention_layernorm(total) if sandwich else total
-        torch.testing.assert_close(expected, cache[f"blocks.{layer}.attn.hook_out"], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(total, attn_out, rtol=1e-5, atol=1e-5)
+            # llama: hook_attn_out is that same tensor; gemma3: post_attention_layernorm of it.
+            expected = blk.post_attention_layernorm(attn_out) if sandwich else attn_out
+        assert torch.equal(expected, cache[f"blocks.{layer}.hook_attn_out"])
 
 
-def test_qkv_and_mlp_pre(model):
+def test_qkv(model):
     _, cache = run_with_cache(model, IDS)
-    blk = model.model.layers[0]
-    attn = blk.self_attn
-    ln1 = cache["blocks.0.ln1.hook_normalized"]
+    attn = model.model.layers[0].self_attn
+    ln1 = cache["blocks.0.ln1.hook_out"]
     n_heads, n_kv = model.config.num_attention_heads, model.config.num_key_value_heads
     with torch.no_grad():
         assert torch.equal(cache["blocks.0.attn.hook_q"], attn.q_proj(ln1).unflatten(-1, (n_heads, -1)))
         assert torch.equal(cache["blocks.0.attn.hook_k"], attn.k_proj(ln1).unflatten(-1, (n_kv, -1)))
         assert torch.equal(cache["blocks.0.attn.hook_v"], attn.v_proj(ln1).unflatten(-1, (n_kv, -1)))
-        down = blk.mlp.down_proj(cache["blocks.0.mlp.hook_pre"])  # (batch, seq, d_model)
-        assert torch.equal(down, blk.mlp(cache["blocks.0.ln2.hook_normalized"]))
-        # llama: mlp.hook_out is the MLP's output; gemma3: post_feedforward_layernorm of it.
-        post_norm = getattr(blk, "post_feedforward_layernorm", None)
-        assert torch.equal(cache["blocks.0.mlp.hook_out"], post_norm(down) if post_norm is not None else down)
+
+
+def test_mlp_hooks_are_transformer_lens_tensors(model):
+    """TransformerLens' GatedMLP: pre = x @ W_gate, pre_linear = x @ W_in, post = act(pre) * pre_linear,
+    mlp_out = post @ W_out, with W_gate = gate_proj.weight.T, W_in = up_proj.weight.T, W_out = down_proj.weight.T."""
+    _, cache = run_with_cache(model, IDS)
+    for layer, blk in enumerate(model.model.layers):
+        mlp = blk.mlp
+        with torch.no_grad():
+            x = _ln2(blk)(cache[f"blocks.{layer}.hook_resid_mid"])  # the MLP input (batch, seq, d_model), by hand
+            pre = x @ mlp.gate_proj.weight.T  # (batch, seq, d_mlp)
+            pre_linear = x @ mlp.up_proj.weight.T
+            post = mlp.act_fn(pre) * pre_linear
+            out = post @ mlp.down_proj.weight.T  # (batch, seq, d_model)
+            post_ffn = getattr(blk, "post_feedforward_layernorm", None)
+            mlp_out = post_ffn(out) if post_ffn is not None else out
+        tol = {"rtol": 1e-5, "atol": 1e-5}
+        torch.testing.assert_close(cache[f"blocks.{layer}.mlp.hook_pre"], pre, **tol)
+        torch.testing.assert_close(cache[f"blocks.{layer}.mlp.hook_pre_linear"], pre_linear, **tol)
+        torch.testing.assert_close(cache[f"blocks.{layer}.mlp.hook_post"], post, **tol)
+        torch.testing.assert_close(cache[f"blocks.{layer}.mlp.hook_post"] @ mlp.down_proj.weight.T, out, **tol)
+        torch.testing.assert_close(cache[f"blocks.{layer}.mlp.hook_out"], out, **tol)  # the MLP module's output
+        torch.testing.assert_close(cache[f"blocks.{layer}.hook_mlp_out"], mlp_out, **tol)  # what the residual adds
+        # The same shape (d_mlp) at all three points: a wrong one would not error, so they must differ in value.
+        assert not torch.allclose(cache[f"blocks.{layer}.mlp.hook_pre"], cache[f"blocks.{layer}.mlp.hook_post"])
+    # Writes propagate: a zero linear branch zeroes the down_proj input and the MLP's output.
+    zero = lambda t, *, hook: torch.zeros_like(t)  # noqa: E731
+    with hooks(model, fwd=[("blocks.1.mlp.pre_linear", zero)]):
+        _, zeroed = run_with_cache(model, IDS, names=["blocks.1.mlp.hook_post", "blocks.1.mlp.hook_out"])
+    assert torch.all(zeroed["blocks.1.mlp.hook_post"] == 0) and torch.all(zeroed["blocks.1.mlp.hook_out"] == 0)
+
+
+def test_mlp_hooks_refused_on_an_ungated_mlp():
+    from torch import nn
+
+    class Ungated(nn.Module):  # up -> act -> down: TransformerLens' hook_pre would be the up projection here
+        def __init__(self, mlp):
+            super().__init__()
+            self.up_proj, self.down_proj, self.act_fn = mlp.up_proj, mlp.down_proj, mlp.act_fn
+
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.up_proj(x)))
+
+    from lmlab.core.inference.tiny import make_tiny_llama
+
+    fresh = make_tiny_llama(2)
+    fresh.model.layers[0].mlp = Ungated(fresh.model.layers[0].mlp)
+    for name in ("blocks.0.mlp.hook_pre", "blocks.0.mlp.hook_pre_linear", "blocks.0.mlp.hook_post"):
+        with pytest.raises(NotImplementedError, match="TransformerLens") as err:
+            run_with_cache(fresh, IDS, names=[name])
+        assert "\n" not in str(err.value)
+    assert all(h[1:] == (0, 0, 0, 0) for h in _hook_state(fresh))
+    _, cache = run_with_cache(fresh, IDS, names=["blocks.0.mlp.hook_out"])  # the other points still work
+    assert cache["blocks.0.mlp.hook_out"].shape == (*IDS.shape, 64)
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def gained_model(request):
+    """A fresh tiny model whose RMSNorm gains are random (the shared fixtures' gains are the identity)."""
+    from lmlab.core.inference.tiny import make_tiny_model
+
+    fresh = make_tiny_model(3, arch=request.param)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, mod in fresh.named_modules():
+            if name.endswith("layernorm") or name == "model.norm":
+                mod.weight.copy_(torch.rand(mod.weight.shape, generator=gen) + 0.5)
+    return fresh
+
+
+def test_norm_hooks_are_transformer_lens_tensors(gained_model):
+    """TransformerLens' RMSNorm: hook_normalized = x / sqrt(mean(x**2) + eps), *before* the gain; the norm module's
+    output (``hook_out``, TransformerBridge's name) is ``gain * hook_normalized``."""
+    model = gained_model
+    gemma = "Gemma" in type(model).__name__
+    _, cache = run_with_cache(model, IDS)
+    last = len(model.model.layers) - 1
+    points = []  # (hook prefix, the norm's input, the norm)
+    for ly, blk in enumerate(model.model.layers):
+        points.append((f"blocks.{ly}.ln1", f"blocks.{ly}.hook_resid_pre", blk.input_layernorm))
+        points.append((f"blocks.{ly}.ln2", f"blocks.{ly}.hook_resid_mid", _ln2(blk)))
+    points.append(("ln_final", f"blocks.{last}.hook_resid_post", model.model.norm))
+    for prefix, resid_name, norm in points:
+        x = cache[resid_name]  # (batch, seq, d_model)
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+        by_hand = x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+        normalized = cache[f"{prefix}.hook_normalized"]
+        torch.testing.assert_close(normalized, by_hand, rtol=1e-5, atol=1e-5)
+        gain = 1.0 + norm.weight if gemma else norm.weight
+        with torch.no_grad():
+            assert torch.equal(cache[f"{prefix}.hook_out"], norm(x))
+            torch.testing.assert_close(cache[f"{prefix}.hook_out"], gain * normalized, rtol=1e-6, atol=1e-6)
+        assert not torch.allclose(normalized, cache[f"{prefix}.hook_out"])
+    # Writing hook_normalized feeds gain * new into the model: doubling it doubles the norm's output.
+    double = lambda t, *, hook: 2 * t  # noqa: E731
+    with hooks(model, fwd=[("blocks.0.ln1.hook_normalized", double)]):
+        _, doubled = run_with_cache(model, IDS, names=["blocks.0.ln1.hook_out"])
+    torch.testing.assert_close(doubled["blocks.0.ln1.hook_out"], 2 * cache["blocks.0.ln1.hook_out"])
 
 
 # --- attention patterns --------------------------------------------------------------------------------------------
@@ -234,7 +338,7 @@ def test_pattern_requires_eager():
 def test_zero_steering_and_identity_patch_are_exact(model):
     ref = _logits(model, IDS)
     d = model.config.hidden_size
-    resid = lambda n: "resid" in n or n.endswith("hook_out")
+    resid = lambda n: "resid" in n or n.endswith("_out")  # every d_model point but the embedding
     assert torch.equal(run_with_hooks(model, IDS, fwd=[(resid, add_vector(torch.zeros(d)))]), ref)
     _, cache = run_with_cache(model, IDS)
     fwd = [(name, patch_activation(name, cache)) for name in hook_names(model)]
@@ -264,9 +368,7 @@ def test_patching_from_another_input(model):
 def test_steering_at_resid_mid_matches_attn_out(model):
     v = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(0))
     a = run_with_hooks(model, IDS, fwd=[("blocks.0.hook_resid_mid", add_vector(v, positions=[2, 3], scale=0.5))])
-    sandwich = hasattr(model.model.layers[0], "post_feedforward_layernorm")
-    name = "blocks.0.attn.hook_out" if not sandwich else "blocks.0.attn.out"
-    b = run_with_hooks(model, IDS, fwd=[(name, add_vector(v, positions=[2, 3], scale=0.5))])
+    b = run_with_hooks(model, IDS, fwd=[("blocks.0.hook_attn_out", add_vector(v, positions=[2, 3], scale=0.5))])
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(a, _logits(model, IDS))
 

@@ -5,7 +5,11 @@ No TransformerLens dependency: every name is served by a plain PyTorch hook (``r
 `hooks` context and always removed on exit (also when the body raises). The model's weights, config and code are
 never changed.
 
-Names (``{l}`` is the decoder-layer index; shapes for a forward over ``seq`` new tokens):
+Names (``{l}`` is the decoder-layer index; shapes for a forward over ``seq`` new tokens). Every name means the
+tensor TransformerLens means by it (``HookedTransformer``; the ``*.hook_out`` names are those of its
+``TransformerBridge``, whose components hook each Hugging Face module's output): a TransformerLens user never silently
+gets another tensor. RMSNorm below is ``gain * x / rms(x)`` with ``rms(x) = sqrt(mean(x**2) + eps)`` (computed in
+float32); ``gain`` is the norm's ``weight`` (gemma3: ``1 + weight``).
 
 ==================================  ==========================================================================
 name                                what is hooked (llama / SmolLM2, and gemma3 where it differs)
@@ -14,7 +18,10 @@ name                                what is hooked (llama / SmolLM2, and gemma3 
                                     (gemma3: already multiplied by sqrt(d_model)). (batch, seq, d_model)
 ``blocks.{l}.hook_resid_pre``       hidden state entering decoder layer ``l`` (pre-hook with kwargs on the
                                     layer). (batch, seq, d_model)
-``blocks.{l}.ln1.hook_normalized``  output of ``input_layernorm`` (the attention input). (batch, seq, d_model)
+``blocks.{l}.ln1.hook_normalized``  ``x / rms(x)`` of ``input_layernorm``'s input x, *before* the gain (as
+                                    TransformerLens, whose folded ln1 has no gain). (batch, seq, d_model)
+``blocks.{l}.ln1.hook_out``         output of ``input_layernorm`` (``gain * hook_normalized``): the attention
+                                    input. (batch, seq, d_model)
 ``blocks.{l}.attn.hook_q``          ``q_proj`` output per head, before RoPE (gemma3: also before ``q_norm``).
                                     (batch, seq, n_heads, head_dim)
 ``blocks.{l}.attn.hook_k``          ``k_proj`` output per key/value head, before RoPE (gemma3: before ``k_norm``).
@@ -24,33 +31,42 @@ name                                what is hooked (llama / SmolLM2, and gemma3 
                                     mask), GQA-expanded. (batch, n_heads, q_seq, k_seq). Eager attention only.
 ``blocks.{l}.attn.hook_z``          per-head attention outputs: ``o_proj``'s input (pre-hook) reshaped.
                                     (batch, seq, n_heads, head_dim)
-``blocks.{l}.attn.hook_out``        attention output as added to the residual stream. llama: ``self_attn``'s
-                                    output (after ``o_proj``); gemma3: ``post_attention_layernorm``'s output
-                                    (the ``o_proj`` output after the post-attention RMSNorm). (batch, seq, d_model)
-``blocks.{l}.hook_resid_mid``       residual stream between attention and MLP: ``resid_pre + attn.hook_out``
+``blocks.{l}.attn.hook_out``        output of ``self_attn`` (= ``o_proj``'s output; gemma3: *before*
+                                    ``post_attention_layernorm``). (batch, seq, d_model)
+``blocks.{l}.hook_attn_out``        attention output as added to the residual stream. llama: the same tensor as
+                                    ``attn.hook_out``; gemma3: ``post_attention_layernorm``'s output.
+``blocks.{l}.hook_resid_mid``       residual stream between attention and MLP: ``resid_pre + hook_attn_out``
                                     (llama: the input of ``post_attention_layernorm``; gemma3: the input of
-                                    ``pre_feedforward_layernorm``, i.e. *after* the post-attention norm was
-                                    applied to the attention output and added). (batch, seq, d_model)
-``blocks.{l}.ln2.hook_normalized``  the MLP input: llama ``post_attention_layernorm`` output (llama's pre-MLP
-                                    norm); gemma3 ``pre_feedforward_layernorm`` output. (batch, seq, d_model)
-``blocks.{l}.mlp.hook_pre``         ``down_proj``'s input ``act(gate_proj(x)) * up_proj(x)`` (pre-hook).
-                                    (batch, seq, d_mlp). Note: TransformerLens calls this point ``hook_post``.
-``blocks.{l}.mlp.hook_out``         MLP output as added to the residual stream. llama: ``mlp``'s output
-                                    (after ``down_proj``); gemma3: ``post_feedforward_layernorm``'s output.
-``blocks.{l}.hook_resid_post``      output of decoder layer ``l`` (= ``resid_mid + mlp.hook_out``); equals
+                                    ``pre_feedforward_layernorm``). (batch, seq, d_model)
+``blocks.{l}.ln2.hook_normalized``  ``x / rms(x)`` of the pre-MLP norm's input, before the gain (llama
+                                    ``post_attention_layernorm``; gemma3 ``pre_feedforward_layernorm``).
+``blocks.{l}.ln2.hook_out``         output of that norm: the MLP input. (batch, seq, d_model)
+``blocks.{l}.mlp.hook_pre``         ``gate_proj`` output, before the activation (TransformerLens ``x @ W_gate``).
+                                    (batch, seq, d_mlp)
+``blocks.{l}.mlp.hook_pre_linear``  ``up_proj`` output (TransformerLens ``x @ W_in``). (batch, seq, d_mlp)
+``blocks.{l}.mlp.hook_post``        ``down_proj``'s input ``act(hook_pre) * hook_pre_linear`` (pre-hook); what
+                                    ROME/MEMIT call the key. (batch, seq, d_mlp)
+``blocks.{l}.mlp.hook_out``         output of ``mlp`` (= ``down_proj``'s output; gemma3: *before*
+                                    ``post_feedforward_layernorm``). (batch, seq, d_model)
+``blocks.{l}.hook_mlp_out``         MLP output as added to the residual stream. llama: the same tensor as
+                                    ``mlp.hook_out``; gemma3: ``post_feedforward_layernorm``'s output.
+``blocks.{l}.hook_resid_post``      output of decoder layer ``l`` (= ``resid_mid + hook_mlp_out``); equals
                                     ``blocks.{l+1}.hook_resid_pre``. (batch, seq, d_model)
-``ln_final.hook_normalized``        output of the final norm ``model.norm`` (what ``lm_head`` reads).
+``ln_final.hook_normalized``        ``x / rms(x)`` of the final norm ``model.norm``'s input, before the gain.
+``ln_final.hook_out``               output of ``model.norm`` (what ``lm_head`` reads).
 ==================================  ==========================================================================
 
 Identities (checked in tests/core/test_hooks.py) for both architectures:
-``resid_post = (resid_pre + attn.hook_out) + mlp.hook_out`` and
-``sum_h head_contributions(z)[..., h, :] (+ o_proj.bias) = o_proj output``, which is ``attn.hook_out`` for llama
-and ``post_attention_layernorm``'s *input* for gemma3 (so ``attn.hook_out = post_attention_layernorm(sum)``).
+``resid_post = (resid_pre + hook_attn_out) + hook_mlp_out``,
+``mlp.hook_post @ down_proj.weight.T = mlp.hook_out`` and
+``sum_h head_contributions(z)[..., h, :] (+ o_proj.bias) = attn.hook_out`` (for gemma3
+``hook_attn_out = post_attention_layernorm(attn.hook_out)``).
 
 Aliases: the ``hook_`` prefix may be dropped from the last part (``blocks.0.resid_pre``, ``blocks.0.attn.out``,
-``blocks.0.mlp.out``, ``blocks.0.attn.pattern``, ``embed``, ...); TransformerLens' ``blocks.{l}.hook_attn_out``,
-``blocks.{l}.hook_mlp_out`` and ``blocks.{l}.mlp.hook_post`` resolve to ``attn.hook_out``, ``mlp.hook_out`` and
-``mlp.hook_pre``.
+``blocks.0.mlp.post``, ``blocks.0.attn.pattern``, ``embed``, ...); ``ln_final`` is ``ln_final.hook_out``.
+Before issue 35, ``mlp.hook_pre`` named ``down_proj``'s input (now ``mlp.hook_post``), ``ln*.hook_normalized``
+the norms' outputs (now ``ln*.hook_out``) and, on gemma3, ``attn.hook_out`` / ``mlp.hook_out`` the post-norm outputs
+(now ``hook_attn_out`` / ``hook_mlp_out``).
 
 How the awkward points are served:
 
@@ -68,6 +84,13 @@ How the awkward points are served:
   to the attention output (bitwise the model's own sum); if a hook function returns a new ``mid``, the attention
   output is replaced by ``mid - residual``. Reading is exact; writing is exact up to one float rounding of that
   difference (a hook that returns an equal tensor changes nothing).
+- ``ln*.hook_normalized``: HF's RMSNorm never exposes ``x / rms(x)``, so a forward hook on the norm recomputes it
+  from the norm's input with the norm's own formula (float32, cast to the input dtype as llama does); if a hook
+  function returns a new one, the norm's output becomes ``gain * new`` in the norm's own order of operations (exact
+  for llama and in float32; gemma3 in half precision multiplies in float32, so there `new`, rounded to the input
+  dtype, differs from the norm's internal value by that rounding).
+- ``mlp.hook_pre`` / ``hook_pre_linear`` / ``hook_post`` need a gated MLP with ``gate_proj``, ``up_proj`` and
+  ``down_proj`` (all llama-family and gemma3 models); another MLP is refused with a one-line error.
 
 Hook functions have TransformerLens' signature ``fn(tensor, *, hook) -> tensor | None``: returning a tensor (of the
 same shape) replaces the activation; ``hook`` is a `HookPoint` with ``.name`` (canonical name), ``.layer`` (int or
@@ -109,27 +132,33 @@ HookFn = Callable[..., "torch.Tensor | None"]
 NameFilter = str | Callable[[str], bool]
 Positions = int | Sequence[int] | slice | torch.Tensor | None
 
-# Canonical per-layer suffixes, in forward order.
+# Canonical per-layer suffixes, in forward order (TransformerLens' names and meanings).
 _LAYER_SUFFIXES: tuple[str, ...] = (
     "hook_resid_pre",
     "ln1.hook_normalized",
+    "ln1.hook_out",
     "attn.hook_q",
     "attn.hook_k",
     "attn.hook_v",
     "attn.hook_pattern",
     "attn.hook_z",
     "attn.hook_out",
+    "hook_attn_out",
     "hook_resid_mid",
     "ln2.hook_normalized",
+    "ln2.hook_out",
     "mlp.hook_pre",
+    "mlp.hook_pre_linear",
+    "mlp.hook_post",
     "mlp.hook_out",
+    "hook_mlp_out",
     "hook_resid_post",
 )
-_EXPLICIT_ALIASES: dict[str, str] = {
-    "hook_attn_out": "attn.hook_out",
-    "hook_mlp_out": "mlp.hook_out",
-    "mlp.hook_post": "mlp.hook_pre",
-    "mlp.post": "mlp.hook_pre",
+# TransformerLens' meaning of each MLP point, for the error on a model whose MLP is not gated (gate/up/down_proj).
+_MLP_POINTS: dict[str, tuple[str, str]] = {
+    "mlp.hook_pre": ("gate_proj", "the gate pre-activation x @ W_gate, before the nonlinearity"),
+    "mlp.hook_pre_linear": ("up_proj", "the linear branch x @ W_in"),
+    "mlp.hook_post": ("down_proj", "act(hook_pre) * hook_pre_linear, the input of W_out"),
 }
 _LAYER_RE = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
@@ -243,7 +272,7 @@ def _all_names(arch: _Arch, include_pattern: bool = True) -> list[str]:
             if suffix == "attn.hook_pattern" and not include_pattern:
                 continue
             names.append(f"blocks.{layer}.{suffix}")
-    names.append("ln_final.hook_normalized")
+    names += ["ln_final.hook_normalized", "ln_final.hook_out"]
     return names
 
 
@@ -262,14 +291,12 @@ def _alias_candidates(name: str) -> list[str]:
     cands = [name]
     m = _LAYER_RE.match(name)
     prefix, rest = (f"blocks.{m.group(1)}.", m.group(2)) if m else ("", name)
-    if rest in _EXPLICIT_ALIASES:
-        cands.append(prefix + _EXPLICIT_ALIASES[rest])
     parts = rest.split(".")
     if not parts[-1].startswith("hook_"):
         parts[-1] = "hook_" + parts[-1]
         cands.append(prefix + ".".join(parts))
-    if rest in ("ln_final", "ln_final.normalized"):
-        cands.append("ln_final.hook_normalized")
+    if rest == "ln_final":  # the module: its output
+        cands.append("ln_final.hook_out")
     return cands
 
 
@@ -452,6 +479,46 @@ def _first_input(args: tuple[Any, ...], kwargs: dict[str, Any], kwname: str) -> 
     return args[0] if args else kwargs[kwname]
 
 
+def _normalized_hook(norm: nn.Module, name: str, entries: _Entries) -> Callable[..., Any]:
+    """Forward hook (with kwargs) on an RMSNorm serving TransformerLens' ``hook_normalized`` = x / rms(x), pre-gain.
+
+    llama-style norms return ``weight * normalized.to(dtype)``; gemma-style ones ``(normalized * (1 + weight))`` in
+    float32, then cast. A replaced `normalized` is turned into the norm's output by the same expression.
+    """
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    weight = getattr(norm, "weight", None)
+    if eps is None or not isinstance(weight, torch.Tensor):
+        raise NotImplementedError(
+            f"{name} is TransformerLens' x / rms(x) before the norm's gain; {type(norm).__name__} is not an RMSNorm "
+            "with `weight` and `eps` / `variance_epsilon`"
+        )
+    offset_gain = type(norm).__name__.startswith("Gemma")  # gemma RMSNorms scale by (1 + weight)
+
+    def hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: torch.Tensor) -> Any:
+        x = args[0] if args else next(iter(kwargs.values()))  # (batch, seq, d)
+        xf = x.float()
+        normalized = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        new = _apply_fns(entries, normalized)
+        if new is normalized:
+            return None
+        if offset_gain:
+            return (new.float() * (1.0 + weight.float())).type_as(x)
+        return weight * new.to(x.dtype)
+
+    return hook
+
+
+def _mlp_linear(blk: nn.Module, suffix: str, name: str) -> nn.Module:
+    """The MLP projection serving `suffix` (see `_MLP_POINTS`); a one-line error if the MLP is not gated."""
+    mlp = blk.mlp
+    if not all(isinstance(getattr(mlp, p, None), nn.Module) for p in ("gate_proj", "up_proj", "down_proj")):
+        raise NotImplementedError(
+            f"{name} is TransformerLens' {_MLP_POINTS[suffix][1]}; {type(mlp).__name__} is not a gated MLP with "
+            "gate_proj, up_proj and down_proj"
+        )
+    return getattr(mlp, _MLP_POINTS[suffix][0])
+
+
 def _register(arch: _Arch, name: str, entries: _Entries) -> list[Any]:
     """Register the PyTorch hook(s) serving canonical `name`; returns removable handles."""
     layer = _layer_of(name)
@@ -461,6 +528,9 @@ def _register(arch: _Arch, name: str, entries: _Entries) -> list[Any]:
         handles.append(arch.embed.register_forward_hook(_fwd_out_hook(lambda t: _apply_fns(entries, t))))
         return handles
     if name == "ln_final.hook_normalized":
+        handles.append(arch.norm.register_forward_hook(_normalized_hook(arch.norm, name, entries), with_kwargs=True))
+        return handles
+    if name == "ln_final.hook_out":
         handles.append(arch.norm.register_forward_hook(_fwd_out_hook(lambda t: _apply_fns(entries, t))))
         return handles
     assert layer is not None
@@ -474,9 +544,12 @@ def _register(arch: _Arch, name: str, entries: _Entries) -> list[Any]:
         handles.append(blk.register_forward_pre_hook(_pre_arg0_hook(plain, "hidden_states"), with_kwargs=True))
     elif suffix == "hook_resid_post":
         handles.append(blk.register_forward_hook(_fwd_out_hook(plain)))
-    elif suffix == "ln1.hook_normalized":
+    elif suffix in ("ln1.hook_normalized", "ln2.hook_normalized"):
+        norm = blk.input_layernorm if suffix == "ln1.hook_normalized" else arch.ln2_module(layer)
+        handles.append(norm.register_forward_hook(_normalized_hook(norm, name, entries), with_kwargs=True))
+    elif suffix == "ln1.hook_out":
         handles.append(blk.input_layernorm.register_forward_hook(_fwd_out_hook(plain)))
-    elif suffix == "ln2.hook_normalized":
+    elif suffix == "ln2.hook_out":
         handles.append(arch.ln2_module(layer).register_forward_hook(_fwd_out_hook(plain)))
     elif suffix in ("attn.hook_q", "attn.hook_k", "attn.hook_v"):
         proj = getattr(attn, suffix[-1] + "_proj")
@@ -492,6 +565,8 @@ def _register(arch: _Arch, name: str, entries: _Entries) -> list[Any]:
             )
         )
     elif suffix == "attn.hook_out":
+        handles.append(attn.register_forward_hook(_fwd_out_hook(plain)))
+    elif suffix == "hook_attn_out":
         handles.append(arch.attn_out_module(layer).register_forward_hook(_fwd_out_hook(plain)))
     elif suffix == "hook_resid_mid":
         # The residual entering the attention branch is exactly input_layernorm's input (same tensor object).
@@ -518,9 +593,14 @@ def _register(arch: _Arch, name: str, entries: _Entries) -> list[Any]:
         token = object()
         _install_pattern_fn(attn, token, plain)
         handles.append(_PatternHandle(attn, token))
-    elif suffix == "mlp.hook_pre":
-        handles.append(blk.mlp.down_proj.register_forward_pre_hook(_pre_arg0_hook(plain, "input"), with_kwargs=True))
+    elif suffix in ("mlp.hook_pre", "mlp.hook_pre_linear"):
+        handles.append(_mlp_linear(blk, suffix, name).register_forward_hook(_fwd_out_hook(plain)))
+    elif suffix == "mlp.hook_post":
+        down = _mlp_linear(blk, suffix, name)
+        handles.append(down.register_forward_pre_hook(_pre_arg0_hook(plain, "input"), with_kwargs=True))
     elif suffix == "mlp.hook_out":
+        handles.append(blk.mlp.register_forward_hook(_fwd_out_hook(plain)))
+    elif suffix == "hook_mlp_out":
         handles.append(arch.mlp_out_module(layer).register_forward_hook(_fwd_out_hook(plain)))
     else:  # pragma: no cover - names are validated before
         raise HookNameError(f"unknown hook name {name!r}")
@@ -555,6 +635,8 @@ def hooks(model: nn.Module, fwd: Sequence[tuple[NameFilter, HookFn]] = ()) -> It
     Raises:
         HookNameError: An unknown name (the message suggests close matches). Nothing is registered then.
         ValueError: A pattern hook on a model that does not run eager attention.
+        NotImplementedError: An MLP point on a model whose MLP is not gated (``gate_proj``/``up_proj``/``down_proj``),
+            or ``hook_normalized`` on a norm that is not an RMSNorm. Nothing stays registered then.
 
     Example:
         >>> with hooks(model, fwd=[("blocks.0.hook_resid_post", add_vector(v))]):
@@ -865,9 +947,9 @@ def ablate_heads(
 def head_contributions(model: nn.Module, layer: int, z: torch.Tensor) -> torch.Tensor:
     """Per-head contributions ``z_h @ W_O[:, h-slice].T`` of layer `layer`: (batch, seq, n_heads, d_model).
 
-    Their sum over heads (plus ``o_proj.bias`` if any) is ``o_proj``'s output: ``blocks.{layer}.attn.hook_out`` for
-    llama; for gemma3 the *input* of ``post_attention_layernorm`` (apply that norm to the sum to get
-    ``attn.hook_out``; the norm is not linear, so per-head terms do not pass through it separately).
+    Their sum over heads (plus ``o_proj.bias`` if any) is ``o_proj``'s output ``blocks.{layer}.attn.hook_out``. That
+    is ``hook_attn_out`` for llama; for gemma3 apply ``post_attention_layernorm`` to the sum to get ``hook_attn_out``
+    (the norm is not linear, so per-head terms do not pass through it separately).
 
     Args:
         model: The model.

@@ -61,7 +61,7 @@ def subject_last_index(tokenizer: Any, text: str, subject: str, start: int = 0) 
 
 
 def _mlp_point(layer: int) -> tuple[str, str]:
-    return f"blocks.{layer}.mlp.hook_pre", f"blocks.{layer}.mlp.hook_out"
+    return f"blocks.{layer}.mlp.hook_post", f"blocks.{layer}.mlp.hook_out"
 
 
 @torch.no_grad()
