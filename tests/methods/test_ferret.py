@@ -374,7 +374,7 @@ def _quadratic_in_log10(centre):
 def test_lr_search_extends_an_edge_argmin_until_it_is_interior():
     """A dev curve whose argmin lies past the grid's edge: the search walks one grid step at a time towards it and
     stops once the choice is interior; a curve still falling at the cap keeps the edge and reports it."""
-    from lmlab.methods.adaptation.ferret.experiment import search_lr
+    from lmlab.core.training.lr_search import search_lr
 
     dev, calls = _quadratic_in_log10(2.0)  # best lr multiplier 100, above the grid's top 10
     found = search_lr(dev, [1.0, 0.1, 10.0], max_extensions=3)

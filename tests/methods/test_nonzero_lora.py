@@ -344,20 +344,41 @@ def test_config_validation_and_constants():
 # the experiment's checks: the item-clustered claim and the every-seed sign check (fake runs, no training)
 
 
-def _fake_sweep(seed_effects: list[float], n_items: int = 20) -> tuple[list, list[int], list[str]]:
-    """SweepRuns of zero / nz / nz_reset at lrs 1e-5 and 3e-5 over `n_items` items: item i's NLL is 13 + i/10 plus
-    small noise under zero init, shifted by `seed_effects[k]` for nz and nz_reset in seed k."""
-    gen = torch.Generator().manual_seed(0)
+def _fake_train(seed_effects: list[float], dev_best: float, n_items: int = 20):
+    """``train(mode, lr, seeds) -> SweepRuns`` without training, and the seeds: item i's held-out NLL is 13 + i/10
+    plus small noise under zero init, shifted by `seed_effects[k]` for nz and nz_reset in seed k (any lr); the dev
+    NLL of every run is 9 + (log10 lr - log10 dev_best)^2 (+ a small per-item offset): lowest at `dev_best`."""
     seeds = [101 + k for k in range(len(seed_effects))]
-    runs = []
-    for k, seed in enumerate(seeds):
-        for mode in M.INIT_MODES:
-            for lr in (1e-5, 3e-5):
-                shift = 0.0 if mode == "zero" else seed_effects[k]
-                nll = (13 + torch.arange(n_items) / 10 + shift + 0.004 * torch.randn(n_items, generator=gen)).tolist()
-                ev = {"nll": nll, "em": [0.0] * n_items, "dev_nll": [v - 1 for v in nll[:6]]}
-                runs.append(M.SweepRun(mode, lr, seed, 1.0, [2.0, 1.0], ev))
-    return runs, seeds, [f"c{i}" for i in range(n_items)]
+
+    def train(mode: str, lr: float, run_seeds: list[int]) -> list:
+        out = []
+        for seed in run_seeds:
+            k = seeds.index(seed)
+            gen = torch.Generator().manual_seed(1000 * k + M.INIT_MODES.index(mode))
+            shift = 0.0 if mode == "zero" else seed_effects[k]
+            nll = (13 + torch.arange(n_items) / 10 + shift + 0.004 * torch.randn(n_items, generator=gen)).tolist()
+            dev = [9 + (math.log10(lr) - math.log10(dev_best)) ** 2 + 0.01 * j for j in range(6)]
+            out.append(M.SweepRun(mode, float(lr), seed, 1.0, [2.0, 1.0], {"nll": nll, "em": [0.0] * n_items,
+                                                                         "dev_nll": dev}))  # fmt: skip
+        return out
+
+    return train, seeds
+
+
+def _fake_result(cfg, train, seeds, n_items: int = 20):
+    """The run's recording and claims on fake runs: the grid for every seed, then `search_inits`."""
+    from lmlab.methods.adaptation.nonzero_lora.experiment import _record, lr_grid, search_inits
+    from lmlab.registry import get_method
+    from lmlab.runner import RunContext
+
+    runs = [r for s in seeds for mode in cfg.inits for lr in lr_grid(cfg) for r in train(mode, lr, [s])]
+    n_grid = len(runs)
+    searches = search_inits(runs, cfg, seeds, train)
+    ids = [f"c{i}" for i in range(n_items)]
+    ctx = RunContext(get_method("nonzero_lora"), cfg, show_progress=False)
+    step0 = {m: {"nll": [13.0] * n_items} for m in ("nz", "nz_reset")}
+    result = ctx.finish(_record(ctx, cfg, runs, [], seeds, ids, [13.5] * n_items, step0, searches))
+    return result, searches, runs[n_grid:]
 
 
 @pytest.mark.parametrize("seed_effects, every_seed", [([-0.05, -0.04, -0.06], "supported"),
@@ -366,15 +387,11 @@ def test_every_seed_check_holds_only_when_each_seed_mean_has_the_sign(seed_effec
     """One seed whose mean effect goes the other way leaves the pooled item-clustered claim supported (the mean over
     seeds is still negative, and the bootstrap resamples items, not seeds) but fails the every-seed check."""
     from lmlab.methods.adaptation.nonzero_lora.config import NonZeroLoRAConfig
-    from lmlab.methods.adaptation.nonzero_lora.experiment import _record
-    from lmlab.registry import get_method
-    from lmlab.runner import RunContext
 
-    runs, seeds, ids = _fake_sweep(seed_effects)
-    cfg = NonZeroLoRAConfig(lrs=[1e-5, 3e-5], n_seeds=len(seeds), eval_items=len(ids))
-    ctx = RunContext(get_method("nonzero_lora"), cfg, show_progress=False)
-    step0 = {m: {"nll": [13.0] * len(ids)} for m in ("nz", "nz_reset")}
-    result = ctx.finish(_record(ctx, cfg, runs, [], seeds, ids, [13.5] * len(ids), step0))
+    train, seeds = _fake_train(seed_effects, dev_best=2e-5)
+    cfg = NonZeroLoRAConfig(lrs=[1e-5, 3e-5], n_seeds=len(seeds), eval_items=20)
+    result, _, _ = _fake_result(cfg, train, seeds)
+    ids = [f"c{i}" for i in range(20)]
     gated = [c for c in result.claims if c.gate]
     pooled = [c for c in gated if "/seed" not in c.method]
     every = [c for c in gated if "/seed" in c.method]
@@ -399,5 +416,53 @@ def test_one_seed_gives_no_every_seed_check():
 
     cfg = NonZeroLoRAConfig(lrs=[1e-5, 3e-5], n_seeds=1)
     per_seed = {(m, lr): [-0.05] for m in ("nz", "nz_reset") for lr in (1e-5, 3e-5)}
-    out = claims(cfg, [1e-5, 3e-5], {"nz": 3e-5, "zero": 3e-5, "nz_reset": 3e-5}, per_seed)
+    out = claims(cfg, [1e-5, 3e-5], {"nz": 3e-5, "zero": 3e-5, "nz_reset": 3e-5}, per_seed, {})
     assert not [c for c in out if "/seed" in c.method] and sum(c.gate for c in out) == 4
+
+
+def test_a_dev_curve_still_falling_at_the_top_is_extended_until_the_choice_is_interior():
+    """The last default run's case: every init's dev NLL still falling at the grid's top lr (1e-3). The shared search
+    extends each init's grid at its top ratio (1e-3 / 3e-4) on the first seed, the choice 1e-3 x 10/3 is interior,
+    the other seeds run there, and the best-lr rows and claims use it; capped at one extension the same curve leaves
+    the choice on the top edge, flagged, and the claims at a chosen lr (not the gated fixed-lr ones) are FRAGILE."""
+    from lmlab.methods.adaptation.nonzero_lora.config import NonZeroLoRAConfig
+
+    train, seeds = _fake_train([-0.05, -0.04, -0.06], dev_best=3e-3)
+    cfg = NonZeroLoRAConfig(n_seeds=3, eval_items=20)  # the default grid 3e-5 .. 1e-3
+    top = max(cfg.lrs)
+    up = top / sorted(cfg.lrs)[-2]
+    result, searches, extra = _fake_result(cfg, train, seeds)
+    for mode in cfg.inits:
+        found = searches[mode]
+        tried = [lr for lr, *_ in found.tried]
+        assert tried[-2:] == pytest.approx([top * up, top * up**2]) and found.extensions == 2
+        assert found.chosen == pytest.approx(top * up) and found.chosen > top and found.edge is None
+        assert min(tried) < found.chosen < max(tried)
+    # first-seed runs at both extensions per init, then the 2 other seeds at the chosen one per init
+    assert sorted((r.mode, r.seed) for r in extra if r.lr > top * up * 1.01) == sorted((m, seeds[0])
+                                                                                       for m in cfg.inits)  # fmt: skip
+    assert len([r for r in extra if r.lr == searches["nz"].chosen]) == 3 * len(cfg.inits)
+    rows = {(m.system, m.metric): m for m in result.metrics}
+    best = _system("nz", searches["nz"].chosen)
+    assert rows[("nz@best", "eval_nll")].value == pytest.approx(rows[(best, "eval_nll")].value)
+    assert rows[("nz@best", "eval_nll")].n == 20 and (_system("nz", top * up**2), "eval_nll") not in rows
+    assert result.flags["best_lr"]["zero"] == pytest.approx(top * up) and result.flags["lr_still_on_edge"] == {}
+    search = result.tables["lr_search"]
+    assert len(search) == len(cfg.inits) * (len(cfg.lrs) + 2) and sum(r["extension"] for r in search) == 6
+    assert [r["lr"] for r in search if r["chosen"]] == pytest.approx([top * up] * 3)
+    assert not result.flags["fragile_claims"]
+
+    capped = NonZeroLoRAConfig(n_seeds=3, eval_items=20, lr_max_extensions=1)
+    result, searches, _ = _fake_result(capped, train, seeds)
+    assert all(f.chosen == pytest.approx(top * up) and f.edge == "top" for f in searches.values())
+    assert result.flags["lr_still_on_edge"] == {m: "top" for m in capped.inits}
+    fragile = [c for c in result.claims if c.text.startswith("FRAGILE")]
+    assert fragile and all(not c.gate and "best lr" in c.text for c in fragile)
+    assert len(fragile) == 2  # nz vs zero at their best lrs; nz vs nz_reset at nz's best lr
+
+
+def _system(mode: str, lr: float) -> str:
+    """The experiment's system name of (init, lr)."""
+    from lmlab.methods.adaptation.nonzero_lora.experiment import system
+
+    return system(mode, lr)

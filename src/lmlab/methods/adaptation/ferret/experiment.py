@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from lmlab.core.stats.seeding import derive_seed
+from lmlab.core.training.lr_search import LrSearch, search_lr  # moved to core (shared with nonzero_lora)
 from lmlab.results import Claim
 
 NLL, ACC = "eval_nll", "unseen_acc"
@@ -134,72 +135,6 @@ def partition(families: Sequence[str], n_clients: int, alpha: float, seed: int) 
             donor = max(out, key=lambda k: (len(out[k]), -k))
             out[c].append(out[donor].pop())
     return {c: sorted(v) for c, v in out.items()}
-
-
-@dataclass
-class LrSearch:
-    """A learning-rate search on dev (`search_lr`).
-
-    Attributes:
-        chosen (`float`): the multiplier with the lowest dev score.
-        tried (`list[tuple[float, float, bool]]`): (multiplier, dev score, extension) in the order run; extension:
-            run because the choice sat on the edge of the multipliers before it.
-        edge (`str | None`): ``"bottom"`` / ``"top"`` when the choice is still the smallest / largest multiplier tried
-            after the extensions (a wider search could move it), None when it is interior (or the grid has one point:
-            no search, so no edge either).
-    """
-
-    chosen: float
-    tried: list[tuple[float, float, bool]]
-    edge: str | None
-
-    @property
-    def extensions(self) -> int:
-        return sum(1 for *_, ext in self.tried if ext)
-
-
-def search_lr(dev_score: Callable[[float], float], grid: Sequence[float], *, max_extensions: int = 2) -> LrSearch:
-    """The same dev search for every system: ``dev_score(m)`` (lower is better) of each multiplier `m` of `grid`.
-
-    The lowest score wins; a non-finite score (a diverged run) never beats a finite one; ties go to the multiplier
-    nearest the grid's geometric centre, so an edge wins only by beating the inside. While the choice is the smallest
-    (largest) multiplier tried, one more run at the next step down (up) by the grid's own ratio at that end
-    (``grid[1] / grid[0]``, ``grid[-1] / grid[-2]``), `max_extensions` runs in all; a one-point grid is not searched.
-    """
-    grid = sorted(float(m) for m in grid)
-    if not grid or grid[0] <= 0 or len(set(grid)) != len(grid):
-        raise ValueError(f"grid must hold distinct positive multipliers, got {grid!r}")
-    if max_extensions < 0:
-        raise ValueError(f"max_extensions must be >= 0, got {max_extensions}")
-    down = grid[1] / grid[0] if len(grid) > 1 else 1.0
-    up = grid[-1] / grid[-2] if len(grid) > 1 else 1.0
-    centre = float(np.mean(np.log(grid)))
-    scores: dict[float, float] = {}
-    tried: list[tuple[float, float, bool]] = []
-
-    def run(m: float, extension: bool) -> None:
-        m = float(f"{m:.12g}")  # 0.1 / 10 stays 0.01, not 0.010000000000000002
-        v = float(dev_score(m))
-        scores[m] = v if math.isfinite(v) else math.inf
-        tried.append((m, v, extension))
-
-    def best() -> float:
-        return min(scores, key=lambda m: (scores[m], round(abs(math.log(m) - centre), 9)))
-
-    for m in grid:
-        run(m, False)
-    if len(grid) == 1:
-        return LrSearch(grid[0], tried, None)
-    for _ in range(max_extensions):
-        if best() == min(scores):
-            run(min(scores) / down, True)
-        elif best() == max(scores):
-            run(max(scores) * up, True)
-        else:
-            break
-    chosen = best()
-    edge = "bottom" if chosen == min(scores) else "top" if chosen == max(scores) else None
-    return LrSearch(chosen, tried, edge)
 
 
 def train_seeds(cfg: Any) -> list[int]:
