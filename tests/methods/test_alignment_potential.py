@@ -378,3 +378,71 @@ def test_experiment_refuses_a_run_without_map_and_too_many_layers(tmp_path):
             raise_errors=True,
             k_layers=9,
         )
+
+
+# ------------------------------------------------------------------------ recipe, replicates and the base rows
+
+
+def test_default_recipe_trains_the_spec_epochs_over_several_replicates():
+    # the old recipe (1 epoch at 1e-5: 20 AdamW steps) left every selection at the base policy's accuracy
+    cfg = AlignmentPotentialConfig()
+    assert cfg.epochs == 2 and cfg.lr > 1e-5 and cfg.replicates >= 3
+    assert cfg.eval_split == "test" and AlignmentPotentialConfig(eval_split="dev").eval_split == "dev"
+    for kw, match in (({"replicates": 0}, "replicates"), ({"eval_split": "train"}, "eval_split")):
+        with pytest.raises(ValueError, match=match) as e:
+            AlignmentPotentialConfig(**kw)
+        assert "\n" not in str(e.value)
+
+
+def test_random_subset_and_training_order_are_resampled_per_replicate():
+    from lmlab.methods.alignment.alignment_potential import experiment as E
+
+    cfg = AlignmentPotentialConfig()
+    rng = np.random.default_rng(0)
+    rm, imp = rng.gamma(2.0, size=200), rng.gamma(2.0, size=200)
+    subsets = [E._select("random", rm, imp, 80, cfg, r) for r in range(3)]
+    np.testing.assert_array_equal(subsets[0], M.random_indices(200, 80, seed=42))  # replicate 0: the code's draw
+    assert len({tuple(sorted(s.tolist())) for s in subsets}) == 3  # a fresh random 40% per replicate
+    # the deterministic selections do not depend on the replicate; the training order does (and per objective)
+    np.testing.assert_array_equal(E._select("map", rm, imp, 80, cfg, 0), E._select("map", rm, imp, 80, cfg, 2))
+    seeds = {E.train_seed_of(cfg, obj, r) for obj in ("dpo", "simpo") for r in range(3)}
+    assert len(seeds) == 6
+
+
+def test_training_moved_the_policy_is_gated_first_for_each_objective():
+    from lmlab.methods.alignment.alignment_potential import experiment as E
+
+    claims = E._claims(AlignmentPotentialConfig())
+    first = [(c.method, c.baseline, c.direction, c.gate) for c in claims[:2]]
+    assert first == [("map@dpo", "base@dpo", ">", True), ("map@simpo", "base@simpo", ">", True)]
+    only_dpo = E._claims(AlignmentPotentialConfig(simpo_selections=[]))
+    assert [c.baseline for c in only_dpo if c.baseline.startswith("base@")] == ["base@dpo"]
+
+
+def test_smoke_run_records_base_rows_and_values_per_replicate_and_test_pair():
+    from lmlab.runner import run_method
+
+    res = run_method(
+        "alignment_potential",
+        preset="smoke",
+        model="tiny-llama",
+        write=False,
+        show_progress=False,
+        raise_errors=True,
+        replicates=2,
+        selections=["random", "map"],
+        simpo_selections=["map"],
+    )
+    data = res.flags["data"]
+    cells = 2 * data["test_countries"]  # (replicate, test country) cells: the bootstrap's unit
+    assert data["replicates"] == 2 and data["test_split"] == "test"
+    for system in ("base@dpo", "base@simpo", "random@dpo", "map@dpo", "map@simpo"):
+        assert res.metric(system, "pref_acc").n == cells, system
+    assert res.metric("base@dpo", "pref_acc").value == 0.5  # the DPO reward is identically 0 at initialisation
+    rows = res.tables["training"]
+    assert {r["system"] for r in rows if r["replicate"] == "all"} == {"base@dpo", "base@simpo"}
+    assert sorted(r["replicate"] for r in rows if r["system"] == "random@dpo") == [0, 1]
+    assert [r["seed"] for r in res.tables["random_subsets"]][0] == 42
+    moved = [c for c in res.claims if c.baseline.startswith("base@")]
+    assert [c.baseline for c in moved] == ["base@dpo", "base@simpo"] and all(c.gate for c in moved)
+    assert moved[0].n == cells and moved[0].n_values == 2 * data["test_pairs"]

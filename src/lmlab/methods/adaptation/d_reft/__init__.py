@@ -42,6 +42,8 @@ SPEC = register_method(
                 "sigma_sweep": [],
             },
         },
+        # 10-minute class: 60 steps x 2 seeds x layers {0, 20} (20 steps left LoReFT short of the bare model)
+        budget_s={"smoke": 20.0, "quick": 90.0, "default": 600.0},
         tags=("adaptation", "representation-finetuning", "reft", "robustness"),
         bibtex=(
             "@inproceedings{deng2025dreft,\n  title={Learning Distribution-Wise Control in Representation Space for "

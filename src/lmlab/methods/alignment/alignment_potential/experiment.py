@@ -25,14 +25,22 @@ cached once for the pool and the test pairs; the frozen reference is the origina
 The implicit margin of M_AP is the untrained policy's mean-token log-prob margin on the chat-templated pairs.
 
 Each selection keeps ``max(1, int(select_ratio * pool))`` pairs; every system of one objective trains with the same
-recipe, seed and epochs (the full pool: more steps, as in the paper's full-data row). Metric: held-out preference
-accuracy, the share of test pairs whose implicit reward orders the pair as the annotator's U does (DPO:
-``beta log pi/pi_ref``; SimPO: its length-normalised log-prob), with cluster-bootstrap CIs over test countries
-(the independent unit: one country gives up to one pair per task).
+recipe and epochs (the full pool: more steps, as in the paper's full-data row). The recipe (epochs, lr) is chosen
+on the dev split (``eval_split=dev``) by the mean over the selectors, never on test. `replicates` repeat the
+training: replicate r draws its own random subset (r = 0: the code's ``np.random.seed(42)``) and its own training
+order, shared by every system of one objective within r (paired). Metric: held-out preference accuracy, the share
+of test pairs whose implicit reward orders the pair as the annotator's U does (DPO: ``beta log pi/pi_ref``; SimPO:
+its length-normalised log-prob), one value per (replicate, test pair), with cluster-bootstrap CIs over (replicate,
+test country) cells: a country gives up to one pair per task, and a replicate's training order and random subset
+move all its pairs together.
 
-Claim checks (gated): M_AP > random, > implicit-only, > explicit-only on held-out accuracy, for DPO and for SimPO
-(the spec expects >=: inconclusive is acceptable). Reported: explicit-only - random, random - implicit-only,
-full pool - M_AP, rm-xlogp (w = 2.5) - M_AP. Mechanism: the M_AP subset's mean score exceeds random's.
+The untrained policy is a system of every table: ``base@dpo`` (the DPO reward is identically 0 at initialisation:
+0.5 per pair) and ``base@simpo`` (the untrained policy's mean log-prob margin).
+
+Claim checks (gated, first): training moved the policy, ``map@X > base@X`` for each objective X; then M_AP > random,
+> implicit-only, > explicit-only on held-out accuracy, for DPO and for SimPO (the spec expects >=: inconclusive is
+acceptable). Reported: explicit-only - random, random - implicit-only, full pool - M_AP, rm-xlogp (w = 2.5) - M_AP.
+Mechanism: the M_AP subset's mean score exceeds random's (replicate 0).
 """
 
 from __future__ import annotations
@@ -194,11 +202,24 @@ def _kind(p: PoolPair) -> str:
 # ------------------------------------------------------------------------------------------------ selection
 
 
-def _select(name: str, rm: np.ndarray, imp: np.ndarray, k: int, cfg: Any) -> np.ndarray:
-    """Indices kept by one system (the code's metric names in comments)."""
+def random_seed_of(cfg: Any, replicate: int) -> int:
+    """Seed of the random subset of `replicate`: ``random_seed`` (the code's 42) for replicate 0, derived after."""
+    return int(cfg.random_seed) if replicate == 0 else derive_seed(cfg.random_seed, "random-subset", replicate)
+
+
+def train_seed_of(cfg: Any, objective: str, replicate: int) -> int:
+    """Seed of the training order of every system of `objective` in `replicate` (paired across systems)."""
+    if replicate == 0:  # the single run of earlier versions
+        return derive_seed(cfg.seed, "train", objective)
+    return derive_seed(cfg.seed, "train", objective, replicate)
+
+
+def _select(name: str, rm: np.ndarray, imp: np.ndarray, k: int, cfg: Any, replicate: int = 0) -> np.ndarray:
+    """Indices kept by one system in one replicate (the code's metric names in comments); only ``random``
+    depends on the replicate."""
     n = rm.size
     if name == "random":  # rand
-        return random_indices(n, k, cfg.random_seed)
+        return random_indices(n, k, random_seed_of(cfg, replicate))
     if name == "explicit_only":  # rm_margin
         return top_k_indices(metric_scores(rm, imp, "rm_margin"), k)
     if name == "implicit_only":  # logp_margin_norm_abs
@@ -214,6 +235,21 @@ def _select(name: str, rm: np.ndarray, imp: np.ndarray, k: int, cfg: Any) -> np.
 
 def _claims(cfg: Any) -> list[Claim]:
     claims = []
+    # gated first: training moved the policy away from the untrained one (without it every comparison below
+    # compares copies of the base policy, as the old 20-step recipe did)
+    for obj, systems in (("dpo", cfg.selections), ("simpo", cfg.simpo_selections)):
+        if "map" in systems:
+            name = obj.upper() if obj == "dpo" else "SimPO"
+            claims.append(
+                Claim(
+                    "pref_acc",
+                    f"map@{obj}",
+                    f"base@{obj}",
+                    ">",
+                    text=f"{name}: training moved the policy: M_AP-trained held-out preference accuracy above the "
+                    "untrained policy's",
+                )
+            )
     for obj, systems in (("dpo", cfg.selections), ("simpo", cfg.simpo_selections)):
         s, name = set(systems), obj.upper() if obj == "dpo" else "SimPO"
         if "map" not in s:
@@ -328,7 +364,7 @@ def run(cfg: Any, ctx: Any) -> Any:
     )
     if cfg.drop_ties:
         pool = [p for p in pool if max(p.rm_scores) > min(p.rm_scores)]
-    test = build_test(_load_examples(ctx, cfg, "test"), cfg.test_size, seed=cfg.seed)
+    test = build_test(_load_examples(ctx, cfg, cfg.eval_split), cfg.test_size, seed=cfg.seed)
     if not pool or not test:
         raise ValueError(f"empty data: {len(pool)} pool pairs and {len(test)} test pairs (raise limit or sizes)")
 
@@ -343,7 +379,8 @@ def run(cfg: Any, ctx: Any) -> Any:
     first = [t.a if labels[t.id + "#test"] == 1 else t.b for t in test]  # the preferred response first
     second = [t.b if labels[t.id + "#test"] == 1 else t.a for t in test]
     rm_agrees = [ann.agreement([p.id + "#pool"], [1]) for p in pool]  # report only: RM's chosen agrees with U
-    clusters = [t.cluster for t in test]
+    # one value per (replicate, test pair); the unit is the (replicate, test country) cell
+    clusters = [f"r{r}/{t.cluster}" for r in range(cfg.replicates) for t in test]
 
     chat = has_chat_template(tok)
     trunk = FrozenTrunk(model, cfg.k_layers)
@@ -382,7 +419,7 @@ def run(cfg: Any, ctx: Any) -> Any:
     score = metric_scores(rm, imp, "rm-xlogp", logp_weight=cfg.logp_weight)
     k = select_size(len(pool), cfg.select_ratio)
     systems = list(dict.fromkeys([*cfg.selections, *cfg.simpo_selections]))
-    kept = {s: _select(s, rm, imp, k, cfg) for s in systems}
+    kept = {s: _select(s, rm, imp, k, cfg) for s in systems}  # replicate 0 (random: the code's seed 42)
 
     sel_rows, ref_set = [], set(kept["map"].tolist())
     kept_sets = {s: set(kept[s].tolist()) for s in systems}
@@ -410,23 +447,49 @@ def run(cfg: Any, ctx: Any) -> Any:
         )
     ctx.table("selections", sel_rows)
 
-    # base policy's SimPO-form reward on the test pairs (before any training): reference for both objectives
-    ctx.record(
-        "base@simpo",
-        "pref_acc",
-        preference_accuracy(ref_test.chosen_mean - ref_test.rejected_mean),
-        clusters=clusters,
-        note="untrained policy, mean log-prob margin",
-    )
+    # the untrained policy, a row of every table: DPO's reward log pi/pi_ref is identically 0 (0.5 per pair),
+    # SimPO's is the base policy's mean log-prob margin; repeated per replicate so the claims pair value by value
+    base_margin = {"dpo": np.zeros(len(test)), "simpo": ref_test.chosen_mean - ref_test.rejected_mean}
+    train_rows = []
+    for obj in ("dpo", "simpo"):
+        acc = preference_accuracy(base_margin[obj])
+        ctx.record(
+            f"base@{obj}",
+            "pref_acc",
+            np.tile(acc, cfg.replicates),
+            clusters=clusters,
+            note="untrained policy" + (" (DPO reward = 0 at init)" if obj == "dpo" else ", mean log-prob margin"),
+        )
+        train_rows.append(
+            {"system": f"base@{obj}", "replicate": "all", "pairs": 0, "steps": 0, "loss_first": None,
+             "loss_last": None, "pref_acc": round(float(acc.mean()), 3), "seconds": 0.0}
+        )  # fmt: skip
     gamma = cfg.simpo_gamma_beta_ratio * cfg.simpo_beta
-    train_rows, margins = [], {}
-    jobs = [("dpo", s) for s in cfg.selections] + [("simpo", s) for s in cfg.simpo_selections]
-    for obj, s in ctx.progress(jobs, "train", total=len(jobs)):
+    margins: dict[str, list[float]] = {}
+    acc_of: dict[str, list[np.ndarray]] = {}
+    secs_of: dict[str, float] = {}
+    random_kept = [
+        {
+            "replicate": r,
+            "seed": random_seed_of(cfg, r),
+            "kept": sorted(_select("random", rm, imp, k, cfg, r).tolist()),
+        }
+        for r in range(cfg.replicates)
+        if "random" in systems
+    ]
+    jobs = [
+        (r, obj, s)
+        for r in range(cfg.replicates)
+        for obj, sel in (("dpo", cfg.selections), ("simpo", cfg.simpo_selections))
+        for s in sel
+    ]
+    for r, obj, s in ctx.progress(jobs, "train (replicate x objective x selection)", total=len(jobs)):
         t1 = time.perf_counter()
+        idx = _select(s, rm, imp, k, cfg, r)
         res = train_preference(
             trunk,
             pool_c,
-            kept[s],
+            idx,
             objective=obj,
             ref=ref_pool if obj == "dpo" else None,
             beta=cfg.dpo_beta if obj == "dpo" else cfg.simpo_beta,
@@ -436,34 +499,41 @@ def run(cfg: Any, ctx: Any) -> Any:
             batch_size=cfg.train_batch,
             warmup_ratio=cfg.warmup_ratio,
             max_grad_norm=cfg.max_grad_norm,
-            seed=derive_seed(cfg.seed, "train", obj),
+            seed=train_seed_of(cfg, obj, r),
         )
         sc = score_pairs(res.policy, test_c, batch_size=cfg.score_batch)
         m = reward_margins(sc, obj, ref_test)
         name = f"{s}@{obj}"
-        margins[name] = m
-        ctx.record(
-            name,
-            "pref_acc",
-            preference_accuracy(m),
-            clusters=clusters,
-            note=f"held-out pairs, {obj} implicit reward, CI over test countries",
-        )
+        if r == 0:
+            margins[name] = [float(v) for v in m]
+        acc_of.setdefault(name, []).append(preference_accuracy(m))
         secs = time.perf_counter() - t1
-        ctx.record_value(name, "train_time", secs, unit="s")
+        secs_of[name] = secs_of.get(name, 0.0) + secs
         train_rows.append(
             {
                 "system": name,
-                "pairs": len(kept[s]),
+                "replicate": r,
+                "pairs": len(idx),
                 "steps": res.steps,
                 "loss_first": round(res.losses[0], 4),
                 "loss_last": round(res.losses[-1], 4),
-                "pref_acc": round(float(preference_accuracy(m).mean()), 3),
+                "pref_acc": round(float(acc_of[name][-1].mean()), 3),
                 "seconds": round(secs, 1),
             }
         )
         del res
+    for name, per_rep in acc_of.items():
+        ctx.record(
+            name,
+            "pref_acc",
+            np.concatenate(per_rep),
+            clusters=clusters,
+            note=f"held-out pairs x {cfg.replicates} replicates, implicit reward; CI over (replicate, test country)",
+        )
+        ctx.record_value(name, "train_time", secs_of[name], unit="s", note="all replicates")
     ctx.table("training", train_rows)
+    if random_kept:
+        ctx.table("random_subsets", random_kept)
 
     ctx.add_samples(
         {
@@ -488,7 +558,7 @@ def run(cfg: Any, ctx: Any) -> Any:
             "prompt": t.prompt,
             "preferred": first[j].text,
             "other": second[j].text,
-            "margins": {name: float(m[j]) for name, m in margins.items()},
+            "margins_replicate0": {name: m[j] for name, m in margins.items()},
         }
         for j, t in enumerate(test)
     )
@@ -501,7 +571,7 @@ def run(cfg: Any, ctx: Any) -> Any:
                 "alignment_potential", str(cfg.model), cfg.seed, len(test), "held-out preference accuracy"
             ),
             ylabel="accuracy",
-            highlight=("map@dpo", "map@simpo"),
+            highlight=("map@dpo", "map@simpo", "base@dpo", "base@simpo"),
         ),
     )
     ctx.flag(
@@ -510,7 +580,9 @@ def run(cfg: Any, ctx: Any) -> Any:
             "pool_pairs": len(pool),
             "kept": k,
             "test_pairs": len(test),
-            "test_countries": len(set(clusters)),
+            "test_split": cfg.eval_split,
+            "test_countries": len({t.cluster for t in test}),
+            "replicates": cfg.replicates,
             "tasks": list(cfg.tasks),
             "chat_template": chat,
         },
@@ -531,6 +603,8 @@ def run(cfg: Any, ctx: Any) -> Any:
         f"margin{'' if cfg.signed else '|'}) under the untrained policy; each selection keeps {k} of {len(pool)} "
         "pairs. "
         f"Training: top {cfg.k_layers} blocks, {cfg.epochs} epochs, AdamW lr {cfg.lr:g}, batch {cfg.train_batch}; "
-        f"DPO beta {cfg.dpo_beta:g}, SimPO beta {cfg.simpo_beta:g}, gamma {gamma:g}."
+        f"DPO beta {cfg.dpo_beta:g}, SimPO beta {cfg.simpo_beta:g}, gamma {gamma:g}; {cfg.replicates} replicates "
+        "(random subset x training order), CIs over (replicate, test country) cells; held-out pairs from the "
+        f"{cfg.eval_split} split."
     )
     return ctx.finish(_claims(cfg))
