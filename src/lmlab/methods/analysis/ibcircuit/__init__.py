@@ -14,8 +14,9 @@ SPEC = register_method(
         run="lmlab.methods.analysis.ibcircuit.experiment:run",
         claim=(
             "Head keep-rates learned with a Gaussian information bottleneck against the KL to the clean output give "
-            "IOI circuits that, under the same mean ablation, recover more of the logit difference and stay closer "
-            "to the full model (KL) than attribution patching, head-importance scores and random heads."
+            "IOI circuits that, under the same mean ablation, keep the full model's logit difference more closely "
+            "(|F - 1|, F the normalised faithfulness: an overshoot counts against a circuit) and stay closer to "
+            "the full model (KL) than attribution patching, head-importance scores and random heads."
         ),
         baselines=("eap", "hap", "random"),
         default_model="smollm2-135m",

@@ -19,7 +19,8 @@ ablation of every head outside the circuit):
 
 Evaluation (`evaluate_circuit`, `CircuitEval`): the raw metric m(C) of the circuit (the paper's logit-difference
 axis), the normalised faithfulness ``(m(C) − m(∅)) / (m̄(M) − m̄(∅))`` (∅: every head ablated, M: the full model;
-can exceed 1) and ``KL(p_M ‖ p_C)`` at the answer position.
+can exceed 1) and ``KL(p_M ‖ p_C)`` at the answer position; over a curve of sizes, `faithfulness_distance`
+``mean_k |F(C_k) − 1|`` (lower is better: it counts an overshoot past the full model as a deviation, not a win).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ __all__ = [
     "eap_node_scores",
     "evaluate_circuit",
     "faithfulness_curve",
+    "faithfulness_distance",
     "hap_scores",
     "head_means",
     "masked_head_hook",
@@ -514,7 +516,8 @@ class CircuitEval:
     - `recovery`: ``m(C) / m̄(M)`` (Wang et al.'s F(C)/F(M)), which is not 0 for the empty circuit.
 
     Both normalised readouts can exceed 1: ablating heads that work against the answer (IOI's negative name movers)
-    gives a circuit a larger logit difference than the full model. That is not more faithful; KL catches it.
+    gives a circuit a larger logit difference than the full model. That is not more faithful: `faithfulness_distance`
+    (``|F − 1|``, mean over the sizes of a curve) counts it as a deviation, and KL catches it too.
     """
 
     heads: list[tuple[int, int]]
@@ -616,6 +619,28 @@ def faithfulness_curve(
     return {
         int(k): evaluate_circuit(model, top_k_heads(scores, int(k)), batch, ablated_metric=empty, **kw) for k in ks
     }
+
+
+def faithfulness_distance(metric: Any, full: Any, ablated: Any) -> float:
+    """``mean_k |F(C_k) − 1|``: how far a faithfulness curve stays from the full model, overshoot and undershoot alike.
+
+    ``F(C_k) = (m̄(C_k) − m̄(∅)) / (m̄(M) − m̄(∅))`` is `CircuitEval.faithfulness` averaged over the prompts (the ratio
+    of means), so ``|F(C_k) − 1| = |m̄(C_k) − m̄(M)| / (m̄(M) − m̄(∅))``: 0 when the circuit keeps the full model's
+    metric, and a circuit that keeps a *larger* metric than the model (F > 1: it dropped heads that work against the
+    answer, such as IOI's negative name movers) is as far from it as one that keeps as much too little. This is the
+    area between the faithfulness curve and 1 (the circuit–model distance of MIB, Mueller et al. 2025), taken as the
+    mean over the circuit sizes k.
+
+    Args:
+        metric: m(C_k) per prompt and circuit size, (B, K) (torch or numpy).
+        full, ablated: m(M) and m(∅) per prompt, (B,).
+
+    Divides by |m̄(M) − m̄(∅)| (floored at 1e-12), which is `CircuitEval.faithfulness`'s F for any gap; but at a gap
+    <= 0 the model does not do the task and F means nothing: check `CircuitEval.gap` first.
+    """
+    gap = float(full.mean() - ablated.mean())
+    deviation = abs(metric.mean(0) - full.mean())  # (K,) |m̄(C_k) − m̄(M)|
+    return float(deviation.mean()) / max(abs(gap), 1e-12)
 
 
 def auroc(scores: torch.Tensor, truth: torch.Tensor) -> float:
