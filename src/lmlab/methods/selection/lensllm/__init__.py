@@ -15,10 +15,11 @@ SPEC = register_method(
         claim=(
             "Fitting L(D) = B / (F(Θ, t) + D^β) + E (F the NTK-linearised training residual) to fine-tuning losses on "
             "small subsets predicts each candidate's loss at the full budget with lower error than the rectified "
-            "scaling law, and ranks candidates better than zero-shot loss and model size, at a fraction of the "
-            "compute of fine-tuning every candidate fully."
+            "scaling law and than the same law with F a free constant (no NTK), all fitted alike, and ranks "
+            "candidates better than zero-shot loss and model size, at a fraction of the compute of fine-tuning every "
+            "candidate fully."
         ),
-        baselines=("rectified", "ats", "subtuning", "zeroshot", "modelsize"),
+        baselines=("lens_free", "rectified", "ats", "subtuning", "zeroshot", "modelsize"),
         default_model="smollm2-135m",
         suites=("taskbank",),
         presets={

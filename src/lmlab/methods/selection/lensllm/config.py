@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from lmlab.config import BaseConfig, check_range, param
 
-SYSTEMS = ("lensllm", "lensllm_phase", "rectified", "ats", "subtuning", "zeroshot", "modelsize")
+SYSTEMS = ("lensllm", "lensllm_phase", "lens_free", "rectified", "ats", "subtuning", "zeroshot", "modelsize")
 TINY_VARIANTS = {"tiny": (11, 2, 64), "tiny-wide": (12, 2, 128), "tiny-deep": (13, 4, 64)}  # seed, layers, hidden
 CANDIDATE_RE = re.compile(r"^(base|base-trunc[1-9][0-9]*|gemma3|tiny|tiny-wide|tiny-deep)$")
 
@@ -30,7 +30,8 @@ class LensLLMConfig(BaseConfig):
         task, digits: the task-bank arithmetic task of every fine-tune; val_size / test_size: fixed splits.
         train_layers, rank, alpha, target_modules, lr, train_batch, epochs, evals_per_epoch, patience: the fine-tune
             (LoRA on the top blocks over a cached frozen trunk; tiny candidates train every block).
-        n_probe, eta, mode, n_restarts: the NTK and the fit.
+        n_probe, eta, mode, n_restarts: the NTK and the fit (`n_restarts` for every law: LensLLM, the free-F
+            ablation ``lens_free`` and the rectified law share one optimiser, tolerance and restart budget).
     """
 
     candidates: list = param(["tiny", "tiny-wide", "tiny-deep", "base-trunc20", "base"],
@@ -58,8 +59,10 @@ class LensLLMConfig(BaseConfig):
     mode: str = param("prediction", "LensLLM fit of the gated system: t free or the observed step",
                       paper="prediction (t free, init 500) / phase_fitting [code]",
                       choices=("prediction", "phase_fitting"))  # fmt: skip
-    n_restarts: int = param(4, "restarts of each law fit (LensLLM and rectified alike)",
-                            paper="LensLLM 1, rectified 3 (one initial point) [code]")  # fmt: skip
+    n_restarts: int = param(4, "restarts of each law fit (LensLLM, lens_free and rectified alike; one optimiser "
+                            "and tolerance for all)",
+                            paper="LensLLM 1 (L-BFGS-B), rectified 3 from one initial point (BFGS), scipy's "
+                                  "default tolerances [code]")  # fmt: skip
     ats_k: int = param(3, "AtS: points of the first log-log fit", paper="3 [code]")
     ats_delta: float = param(5.0, "AtS: standardised-residual threshold", paper="5 [code]")
 

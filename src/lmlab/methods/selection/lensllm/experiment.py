@@ -22,8 +22,11 @@ Metrics per seed, across candidates: RMSE and log-RMSE of the predicted vs the m
 Spearman correlation of the selector's score with the measured D* loss, RelAcc (best loss / selected candidate's
 loss), regret, top-1. Compute: 6·N·tokens of the subset fine-tunes vs of the D* fine-tunes (measured tokens).
 
-Claims (gated, paired by seed): RMSE(LensLLM) < RMSE(rectified); Pearson(LensLLM) > Pearson(zero-shot) and >
-Pearson(model size). Reported: the same for the rectified law and phase-fitting LensLLM, RMSE vs subtuning, RelAcc.
+Claims (gated, paired by seed): RMSE(LensLLM) < RMSE(lens_free), the same law with F a free constant and no NTK
+(the ablation: does the NTK term help?); RMSE(LensLLM) < RMSE(rectified); Pearson(LensLLM) > Pearson(zero-shot) and >
+Pearson(model size). Every law (LensLLM, lens_free, rectified) is fitted by the same optimiser, tolerances and
+restart budget (`method._minimise`), so the RMSE checks compare laws, not fitting procedures. Reported: Pearson of
+LensLLM vs lens_free and of the rectified law vs zero-shot, RMSE vs subtuning and vs phase-fitting LensLLM, RelAcc.
 Mechanism: the subset fine-tunes cost less than the D* fine-tunes (fixed by the sizes).
 """
 
@@ -275,7 +278,7 @@ def run(cfg: Any, ctx: Any) -> Any:
     alt = "lensllm_phase" if cfg.mode == "prediction" else "lensllm_prediction"
     selector = {"lensllm": "lensllm" if cfg.mode == "prediction" else "lensllm_phase",
                 alt: "lensllm_phase" if cfg.mode == "prediction" else "lensllm"}  # fmt: skip
-    systems = ["lensllm", alt, "rectified", "ats", "subtuning", "zeroshot", "modelsize"]
+    systems = ["lensllm", alt, "lens_free", "rectified", "ats", "subtuning", "zeroshot", "modelsize"]
     per: dict[str, dict[str, list[float]]] = {s: {} for s in systems}
     rows, samples = [], []
     flops_sub, flops_full = [], []
@@ -334,21 +337,29 @@ def run(cfg: Any, ctx: Any) -> Any:
         f"(tiny candidates: every block), lr {cfg.lr:g}, batch {cfg.train_batch}, <= {cfg.epochs} epochs, early "
         f"stopping (patience {cfg.patience}, {len(sets['val'])} validation items); NTK on {len(sets['probe'])} "
         f"probes; "
-        f"LensLLM mode = {cfg.mode}; {cfg.n_restarts} restarts per law fit."
+        f"LensLLM mode = {cfg.mode}; every law fit (LensLLM, lens_free, rectified): L-BFGS-B with one set of "
+        f"tolerances, {cfg.n_restarts} restarts."
     )
     return ctx.finish(claims(alt))
 
 
 def claims(alt: str = "lensllm_phase") -> list[Claim]:
     return [
+        Claim("rmse", "lensllm", "lens_free", "<",
+              text="RMSE of the predicted vs measured loss at D* (across candidates, per seed): LensLLM below the "
+                   "same law with F a free constant and no NTK (lens_free; same optimiser, tolerances and restarts): "
+                   "the NTK term helps"),
         Claim("rmse", "lensllm", "rectified", "<",
               text="RMSE of the predicted vs measured loss at D* (across candidates, per seed): LensLLM below the "
-                   "rectified scaling law"),
+                   "rectified scaling law (same optimiser, tolerances and restarts)"),
         Claim("pearson", "lensllm", "zeroshot", ">",
               text="Pearson correlation of predicted and measured D* loss: LensLLM above the zero-shot loss"),
         Claim("pearson", "lensllm", "modelsize", ">",
               text="Pearson correlation with the measured D* loss: LensLLM above model size (more parameters = "
                    "better)"),
+        Claim("pearson", "lensllm", "lens_free", ">", gate=False,
+              text="Pearson correlation with the measured D* loss: LensLLM above lens_free (F free, no NTK) "
+                   "(reported)"),
         Claim("pearson", "rectified", "zeroshot", ">", gate=False,
               text="Pearson correlation: the rectified law above the zero-shot loss (reported)"),
         Claim("rmse", "lensllm", "subtuning", "<", gate=False,

@@ -15,11 +15,21 @@ https://arxiv.org/abs/2505.03793 (official code: https://github.com/Susan571/LEN
   (B, β, E) = (1, 1, 0.1), η = 0.01; ``mode="phase_fitting"`` fixes t to the observed early-stopping step,
   ``mode="prediction"`` frees t (initial 500). lmlab adds seeded data-driven restarts (the objective is
   non-convex); the best restart wins.
+* In ``mode="prediction"`` F(t) is monotone in t over (F(∞), ‖r₀‖²], so the law is the rectified family
+  B / (D_l + D^β) + E with the "pre-learned data size" D_l = F capped at ‖r₀‖²: the NTK enters only through that
+  cap (and the floor F(∞), the part of r₀ outside Θ's range). ``fit_free_law`` is the same law with F a free
+  constant ≥ 0 (no NTK): the ablation that isolates what the NTK term adds.
+
+Every law fit (LensLLM in both modes, the free-F ablation, the rectified law) runs the same optimiser with the same
+tolerances (`_minimise`: L-BFGS-B, `_LBFGSB`) and the same restart budget (the code's initial point plus the best
+points of one seeded linear-profile grid), so that a comparison of two laws is not one of two optimisers.
 
 Baselines (``Code/model_select.py``) behind the same `select` interface: ``zeroshot`` (the D = 0 loss),
 ``subtuning`` (the loss at the largest fitted D), ``modelsize`` (more parameters is better), ``rectified`` (Lin
-et al.'s law log L = log((A − |E|) / (1 + exp(β log D + B)) + |E|), two-stage surrogate fit, restarts, A > E) and
-``ats`` (phase transition detection, then a log-log line on the post-transition points).
+et al.'s law log L = log((A − |E|) / (1 + exp(β log D + B)) + |E|); the code's two-stage surrogate fit gives the
+first restart's start, every restart then fits all four constants on the log-MSE; A > |E| preferred) and ``ats``
+(phase transition detection, then a log-log line on the post-transition points); ``lens_free`` (`fit_free_law`)
+is lmlab's ablation.
 
 Everything here is numpy / scipy except `empirical_ntk`, which takes any per-probe scalar function of torch
 parameters.
@@ -38,11 +48,20 @@ ETA = 0.01  # [code] fit_law.py
 T_INIT = 500.0  # [code] initial t of the "prediction" mode
 LENS_INIT = (1.0, 1.0, 0.1)  # [code] initial (B, beta, E)
 ZERO_LOG_X = 1e-10  # [code] the D = 0 column enters the rectified law at log(1e-10)
-# scipy's default tolerances stop at a log-MSE of ~1e-7 on exact data, far from the optimum: tighter, bounded
+# scipy's default tolerances stop at a log-MSE of ~1e-7 on exact data, far from the optimum: tighter, bounded.
+# One setting for every law fit (`_minimise`).
 _LBFGSB = {"ftol": 1e-15, "gtol": 1e-11, "maxiter": 2000}
+# The restart grid of the laws with a free pre-learned size D_l (rectified: offset B = −log D_l; lens_free: F = D_l)
+D_L_OFFSETS = np.linspace(-12.0, 4.0, 11)  # D_l from e^-4 ≈ 0.02 to e^12 ≈ 1.6e5 (the default run's ‖r₀‖² ≤ ~1e4)
+FREE_F_INIT = 1.0  # the rectified code's initial offset B = 0, i.e. D_l = e^0 = 1
+# B, t and F are fitted as logarithms (B = e^b, ...): the scales run from ~1 (β, E) to ~1e5 (B, F, t), and on the raw
+# scale one tolerance stopped the free-F fit at a log-MSE of 4e-7 on exact data. e^±50 keeps exp finite in line
+# searches and lies far outside any fitted value (t -> e^-50 is t = 0 to double precision: F = ‖r₀‖²).
+_LOG_BOUND = (-50.0, 50.0)
+_NONNEG = (0.0, None)  # β, E >= 0 [code]
 MODES = ("prediction", "phase_fitting")
-LAW_SELECTORS = ("lensllm", "lensllm_phase", "rectified", "ats")
-SELECTORS = ("lensllm", "lensllm_phase", "rectified", "ats", "subtuning", "zeroshot", "modelsize")
+LAW_SELECTORS = ("lensllm", "lensllm_phase", "lens_free", "rectified", "ats")
+SELECTORS = ("lensllm", "lensllm_phase", "lens_free", "rectified", "ats", "subtuning", "zeroshot", "modelsize")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -169,8 +188,8 @@ class LawFit:
     """A fitted law: ``predict(D)`` gives the loss at any size.
 
     Attributes:
-        kind (`str`): ``lensllm`` (either mode), ``rectified``, ``ats``.
-        params (`dict[str, float]`): the fitted constants (LensLLM: B, beta, E, t, F).
+        kind (`str`): ``lensllm`` (either mode), ``lens_free``, ``rectified``, ``ats``.
+        params (`dict[str, float]`): the fitted constants (LensLLM: B, beta, E, t, F; lens_free: B, beta, E, F).
         objective (`float`): the fit's mean squared log error on the fitted points.
         restarts (`list[float]`): the objective of every restart (best first is not implied).
     """
@@ -206,13 +225,47 @@ def _log_mse(pred: np.ndarray, log_y: np.ndarray) -> float:
     return val if math.isfinite(val) else 1e12
 
 
+_Bounds = Sequence[tuple[float | None, float | None]] | None  # L-BFGS-B bounds per variable, or none
+
+
+def _minimise(objective: Callable[[np.ndarray], float], x0: np.ndarray, bounds: _Bounds) -> tuple[np.ndarray, float]:
+    """The one optimiser of every law fit and fit stage: L-BFGS-B with `_LBFGSB` (bounds or none). A law compared
+    with another is then never also a tighter optimiser compared with a looser one."""
+    from scipy.optimize import minimize
+
+    with _one_blas_thread():
+        res = minimize(objective, np.asarray(x0, dtype=float), method="L-BFGS-B", bounds=bounds, options=_LBFGSB)
+    val = float(res.fun) if math.isfinite(res.fun) else 1e12
+    return np.asarray(res.x, dtype=float), val
+
+
+def _best_of(
+    objective: Callable[[np.ndarray], float],
+    inits: Sequence[np.ndarray],
+    bounds: _Bounds,
+    admissible: Callable[[np.ndarray], bool] | None = None,
+) -> tuple[np.ndarray, float, list[float]]:
+    """`_minimise` from every initial point; the lowest objective among the admissible results wins (any result
+    when none is admissible). Returns (x, objective, every restart's objective)."""
+    best, best_any, objs = None, None, []
+    for x0 in inits:
+        x, val = _minimise(objective, x0, bounds)
+        objs.append(val)
+        if best_any is None or val < best_any[1]:
+            best_any = (x, val)
+        if (admissible is None or admissible(x)) and (best is None or val < best[1]):
+            best = (x, val)
+    x, val = best or best_any  # type: ignore[misc]
+    return x, val, objs
+
+
 def _linear_profile(
     d: np.ndarray, y: np.ndarray, basis: Callable[[float, int], np.ndarray], n_other: int, seed: int
 ) -> list[tuple[float, float, int, float, float]]:
-    """Initial points for the restarts: both laws are linear in (scale, E) for a fixed exponent β (and t, or the
-    offset B of the rectified law), so a seeded grid over β x `n_other` solves non-negative least squares for
+    """Initial points for the restarts: every law here is linear in (scale, E) for a fixed exponent β (and t, F or
+    the offset B of the rectified law), so a seeded grid over β x `n_other` solves non-negative least squares for
     (scale, E) and ranks the grid points by the log-space objective. Returns (objective, β, j, scale, E), best
-    first."""
+    first. The β grid depends on `seed` only, so fits with one seed start from the same exponents."""
     from scipy.optimize import nnls
 
     rng = np.random.default_rng(seed)
@@ -231,6 +284,16 @@ def _linear_profile(
     return out
 
 
+def _log0(v: float) -> float:
+    """The logarithm of a start value; a zero start (an NNLS scale or t = 0 at a bound) maps to the log bound."""
+    return math.log(v) if v > 0 else _LOG_BOUND[0]
+
+
+def _check_restarts(n_restarts: Any) -> None:
+    if not isinstance(n_restarts, int) or n_restarts < 1:
+        raise ValueError(f"n_restarts must be an int >= 1, got {n_restarts!r}")
+
+
 def fit_lens_law(
     sizes: Sequence[float],
     losses: Sequence[float],
@@ -244,7 +307,8 @@ def fit_lens_law(
     normalise: bool = True,
     seed: int = 0,
 ) -> LawFit:
-    """Fit L(D) = B / (F(Θ, t) + D^β) + E in log-loss space with L-BFGS-B, bounds >= 0 [code].
+    """Fit L(D) = B / (F(Θ, t) + D^β) + E in log-loss space with L-BFGS-B, bounds >= 0 [code] (β, E >= 0; B and t
+    through their logarithms, so B, t > 0; the code's initial point is the same).
 
     Args:
         sizes, losses: the fine-tuning subset sizes (0 = zero-shot) and the measured test losses (> 0).
@@ -257,16 +321,13 @@ def fit_lens_law(
         normalise (`bool`): divide Θ by its top eigenvalue first.
         seed (`int`): seeds the restarts.
     """
-    from scipy.optimize import minimize
-
     d, y = _as_sizes_losses(sizes, losses)
     th, r = _check_ntk(theta, r0)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "phase_fitting" and (t_obs is None or not math.isfinite(t_obs) or t_obs < 0):
         raise ValueError(f"mode='phase_fitting' needs t_obs, the observed early-stopping step (>= 0), got {t_obs!r}")
-    if not isinstance(n_restarts, int) or n_restarts < 1:
-        raise ValueError(f"n_restarts must be an int >= 1, got {n_restarts!r}")
+    _check_restarts(n_restarts)
     if not (math.isfinite(eta) and eta > 0):
         raise ValueError(f"eta must be a finite number > 0, got {eta!r}")
     th = normalise_ntk(th) if normalise else th
@@ -274,9 +335,9 @@ def fit_lens_law(
     log_y = np.log(y)
     free_t = mode == "prediction"
 
-    def unpack(p: np.ndarray) -> tuple[float, float, float, float]:
-        t = float(p[3]) if free_t else float(t_obs)  # type: ignore[arg-type]
-        return float(p[0]), float(p[1]), float(p[2]), t
+    def unpack(q: np.ndarray) -> tuple[float, float, float, float]:  # q = (log B, β, E[, log t])
+        t = math.exp(float(q[3])) if free_t else float(t_obs)  # type: ignore[arg-type]
+        return math.exp(float(q[0])), float(q[1]), float(q[2]), t
 
     def objective(p: np.ndarray) -> float:
         B, beta, E, t = unpack(p)
@@ -286,27 +347,55 @@ def fit_lens_law(
     t_grid = np.geomspace(1.0, 1e5, 11) if free_t else np.array([float(t_obs)])  # type: ignore[arg-type]
     F_grid = [_residual_fast(lam, vec, r, eta, float(t)) for t in t_grid]
     grid = _linear_profile(d, y, lambda beta, j: 1.0 / (F_grid[j] + np.power(d, beta)), len(t_grid), seed)
-    inits = [np.array([*LENS_INIT, T_INIT] if free_t else LENS_INIT, dtype=float)]
+    B0, beta0, E0 = LENS_INIT
+    inits = [np.array([_log0(B0), beta0, E0, _log0(T_INIT)] if free_t else [_log0(B0), beta0, E0], dtype=float)]
     for _, beta0, j, B0, E0 in grid[: n_restarts - 1]:
-        inits.append(np.array([B0, beta0, E0, t_grid[j]] if free_t else [B0, beta0, E0], dtype=float))
-    bounds = [(0.0, None)] * (4 if free_t else 3)
-    best, objs = None, []
-    for x0 in inits:
-        with _one_blas_thread():
-            res = minimize(objective, x0, method="L-BFGS-B", bounds=bounds, options=_LBFGSB)
-        val = float(res.fun) if math.isfinite(res.fun) else 1e12
-        objs.append(val)
-        if best is None or val < best[1]:
-            best = (np.asarray(res.x, dtype=float), val)
-    assert best is not None
-    B, beta, E, t = unpack(best[0])
+        start = [_log0(B0), beta0, E0, _log0(t_grid[j])] if free_t else [_log0(B0), beta0, E0]
+        inits.append(np.array(start, dtype=float))
+    x, val, objs = _best_of(objective, inits, [_LOG_BOUND, _NONNEG, _NONNEG] + ([_LOG_BOUND] if free_t else []))
+    B, beta, E, t = unpack(x)
     F = _residual_fast(lam, vec, r, eta, t)
-    return LawFit("lensllm", {"B": B, "beta": beta, "E": E, "t": t, "F": F}, best[1], objs,
+    return LawFit("lensllm", {"B": B, "beta": beta, "E": E, "t": t, "F": F}, val, objs,
+                  lambda D: lens_law(D, B, beta, E, F))  # fmt: skip
+
+
+def fit_free_law(sizes: Sequence[float], losses: Sequence[float], *, n_restarts: int = 4, seed: int = 0) -> LawFit:
+    """The free-term ablation: L(D) = B / (F + D^β) + E with F > 0 a fitted constant and no NTK.
+
+    It is LensLLM's law, objective, bounds, parameterisation (log B, β, E, log F), optimiser, tolerances and restart
+    budget with the NTK taken out: the prediction mode is this law with F confined to the NTK curve
+    F(t) ∈ (F(∞), ‖r₀‖²]; the rectified law is the same family written as (A − E) / (1 + e^B D^β) + E, i.e.
+    F = D_l = e^−B. LensLLM beating it is the paper's claim that the NTK term helps. Restarts: the code's initial
+    (B, β, E) = (1, 1, 0.1) with F = 1 (the rectified code's initial offset B = 0), then the best points of the
+    seeded (β, F = e^−offset) grid the rectified law uses.
+    """
+    d, y = _as_sizes_losses(sizes, losses)
+    _check_restarts(n_restarts)
+    log_y = np.log(y)
+    F_grid = np.exp(-D_L_OFFSETS)
+
+    def unpack(q: np.ndarray) -> tuple[float, float, float, float]:  # q = (log B, β, E, log F)
+        return math.exp(float(q[0])), float(q[1]), float(q[2]), math.exp(float(q[3]))
+
+    def objective(q: np.ndarray) -> float:
+        return _log_mse(lens_law(d, *unpack(q)), log_y)
+
+    grid = _linear_profile(d, y, lambda beta, j: 1.0 / (F_grid[j] + np.power(d, beta)), len(F_grid), seed)
+    B0, beta0, E0 = LENS_INIT
+    inits = [np.array([_log0(B0), beta0, E0, _log0(FREE_F_INIT)], dtype=float)]
+    for _, beta0, j, B0, E0 in grid[: n_restarts - 1]:
+        inits.append(np.array([_log0(B0), beta0, E0, _log0(F_grid[j])], dtype=float))
+    x, val, objs = _best_of(objective, inits, [_LOG_BOUND, _NONNEG, _NONNEG, _LOG_BOUND])
+    B, beta, E, F = unpack(x)
+    return LawFit("lens_free", {"B": B, "beta": beta, "E": E, "F": F}, val, objs,
                   lambda D: lens_law(D, B, beta, E, F))  # fmt: skip
 
 
 def rectified_law(D: Any, A: float, B: float, beta: float, E: float) -> np.ndarray:
-    """Lin et al. 2024 as the LensLLM code writes it: (A − |E|) / (1 + exp(β·log D + B)) + |E| (D = 0 at 1e−10)."""
+    """Lin et al. 2024 as the LensLLM code writes it: (A − |E|) / (1 + exp(β·log D + B)) + |E| (D = 0 at 1e−10).
+
+    With D_l = e^−B this is (A − |E|)·D_l / (D_l + D^β) + |E|: the LensLLM law with F = D_l (up to the D = 0 point,
+    where D^β = 1e−10^β instead of 0)."""
     d = np.maximum(np.asarray(D, dtype=float), ZERO_LOG_X)
     with np.errstate(all="ignore"):
         return (A - abs(E)) / (1.0 + np.exp(beta * np.log(d) + B)) + abs(E)
@@ -314,24 +403,23 @@ def rectified_law(D: Any, A: float, B: float, beta: float, E: float) -> np.ndarr
 
 def fit_rectified_law(sizes: Sequence[float], losses: Sequence[float], *, n_restarts: int = 4,
                       seed: int = 0) -> LawFit:  # fmt: skip
-    """The Rectified Scaling Law fit of ``fit_law.fit_rec_llm`` [code]: a surrogate stage over (A, B, β, E) and
-    slack variables Z_i (Z_i² = exp(β·log D_i + B)), then a refit of (A, E) alone; restarts keep the best fit with
-    A > E (the code's three restarts share one initial point; here restarts after the first start from the best
-    points of a seeded (β, B) grid with (A − E, E) solved by non-negative least squares, as for LensLLM).
-    """
-    from scipy.optimize import minimize
+    """The Rectified Scaling Law fit: every restart minimises the log-MSE over all four (A, B, β, E) with the
+    optimiser, tolerances and restart budget of `fit_lens_law` (`_best_of`); the best fit with A > |E| wins.
 
+    Restart 0 starts where ``fit_law.fit_rec_llm`` [code] ends from its initial point: a surrogate stage over
+    (A, B, β, E) and slack variables Z_i (Z_i² = exp(β·log D_i + B)), then a refit of (A, E) alone (the code stops
+    there, with scipy's default BFGS; its three restarts share one initial point). Restarts after the first start
+    from the best points of the seeded (β, B) grid (`D_L_OFFSETS`, (A − E, E) by non-negative least squares) that
+    `fit_free_law` also uses.
+    """
     d, y = _as_sizes_losses(sizes, losses)
-    if not isinstance(n_restarts, int) or n_restarts < 1:
-        raise ValueError(f"n_restarts must be an int >= 1, got {n_restarts!r}")
+    _check_restarts(n_restarts)
     log_x = np.log(np.maximum(d, ZERO_LOG_X))
     log_y = np.log(y)
     u, lo = float(log_y.max()), float(log_y.min())
     n = d.size
-    offsets = np.linspace(-8.0, 4.0, 11)
-    grid = _linear_profile(d, y, lambda beta, j: 1.0 / (1.0 + np.exp(beta * log_x + offsets[j])), len(offsets), seed)
 
-    def first_loss(p: np.ndarray) -> float:
+    def first_loss(p: np.ndarray) -> float:  # [code] the surrogate: y fitted through Z, Z tied to β·log D + B
         A, B, beta, E = p[:4]
         z = p[4:] ** 2
         with np.errstate(all="ignore"):
@@ -340,33 +428,20 @@ def fit_rectified_law(sizes: Sequence[float], losses: Sequence[float], *, n_rest
         val = float(y_loss + x_loss)
         return val if math.isfinite(val) else 1e12
 
-    best, best_any, objs = None, None, []
-    for i in range(n_restarts):
-        if i == 0:  # [code]
-            A0, B0, beta0, E0, z0 = math.exp(u), 0.0, 1.0, math.exp((u + lo) / 2), np.ones(n)
-        else:
-            _, beta0, j, scale, E0 = grid[min(i - 1, len(grid) - 1)]
-            A0, B0 = scale + E0, float(offsets[j])
-            z0 = np.sqrt(np.exp(np.clip(beta0 * log_x + B0, -50, 50)))
-        x0 = np.concatenate([[A0, B0, beta0, E0], z0])
-        with _one_blas_thread():
-            p = minimize(first_loss, x0, method="BFGS").x
-        A, B, beta, E = (float(v) for v in p[:4])
+    def objective(p: np.ndarray) -> float:
+        return _log_mse(rectified_law(d, *p), log_y)
 
-        def second_loss(ae: np.ndarray, B: float = B, beta: float = beta) -> float:
-            return _log_mse(rectified_law(d, ae[0], B, beta, ae[1]), log_y)
-
-        with _one_blas_thread():
-            res = minimize(second_loss, [A, E], method="BFGS")
-        A, E = (float(v) for v in res.x)
-        val = float(res.fun) if math.isfinite(res.fun) else 1e12
-        objs.append(val)
-        cand = ({"A": A, "B": B, "beta": beta, "E": E}, val)
-        if best_any is None or val < best_any[1]:
-            best_any = cand
-        if A > E and (best is None or val < best[1]):
-            best = cand
-    params, val = best or best_any  # type: ignore[misc]
+    p, _ = _minimise(first_loss, np.concatenate([[math.exp(u), 0.0, 1.0, math.exp((u + lo) / 2)], np.ones(n)]), None)
+    A, B, beta, E = (float(v) for v in p[:4])
+    (A, E), _ = _minimise(lambda ae: _log_mse(rectified_law(d, ae[0], B, beta, ae[1]), log_y), np.array([A, E]), None)
+    inits = [np.array([A, B, beta, E], dtype=float)]
+    grid = _linear_profile(d, y, lambda beta, j: 1.0 / (1.0 + np.exp(beta * log_x + D_L_OFFSETS[j])),
+                           len(D_L_OFFSETS), seed)  # fmt: skip
+    inits += [np.array([scale + E0, D_L_OFFSETS[j], beta0, E0]) for _, beta0, j, scale, E0 in grid[: n_restarts - 1]]
+    inits[0][2] = max(inits[0][2], 0.0)  # the code's β is free; a negative one starts on the bound
+    bounds = [(None, None), (None, None), _NONNEG, (None, None)]  # β >= 0: the loss falls with D, as in LensLLM's law
+    x, val, objs = _best_of(objective, inits, bounds, admissible=lambda q: q[0] > abs(q[3]))
+    params = dict(zip(("A", "B", "beta", "E"), (float(v) for v in x)))
     return LawFit("rectified", params, val, objs, lambda D: rectified_law(D, **params))
 
 
@@ -473,7 +548,8 @@ def select(
         method (`str`): one of `SELECTORS`.
         ntk: per candidate (Θ, r₀) (``lensllm``, ``lensllm_phase``); t_obs: per candidate early-stopping step
             (``lensllm_phase``); model_sizes: per candidate parameter count (``modelsize``).
-        n_restarts: restarts of the law fits (the same budget for LensLLM and the rectified law).
+        n_restarts: restarts of the law fits (one budget, optimiser and tolerance for LensLLM, ``lens_free`` and
+            the rectified law).
     """
     names = list(candidates)
     losses = np.asarray(subset_losses, dtype=float)
@@ -508,6 +584,8 @@ def select(
     for i in range(len(names)):
         if method == "rectified":
             fit = fit_rectified_law(d, losses[i], n_restarts=n_restarts, seed=seed + i)
+        elif method == "lens_free":
+            fit = fit_free_law(d, losses[i], n_restarts=n_restarts, seed=seed + i)
         elif method == "ats":
             if int((d > 0).sum()) < 2:  # no line through one point: the subtuning prediction
                 preds[i] = float(losses[i, int(np.argmax(d))])
@@ -575,6 +653,7 @@ __all__ = [
     "compute_ratio",
     "empirical_ntk",
     "fit_ats",
+    "fit_free_law",
     "fit_lens_law",
     "fit_rectified_law",
     "lens_law",
