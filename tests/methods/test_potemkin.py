@@ -1,10 +1,14 @@
-"""Invariants of the potemkin metrics: closed forms, keystone conditioning, the oracle / random controls, the concept
-checkers, the backend agent (a fake backend and `lmlab serve` on loopback), and one-line errors on bad input."""
+"""Invariants of the potemkin metrics: closed forms, keystone conditioning, the oracle / random / constant controls,
+the concept checkers, the backend agent and its calibrated yes/no (a fake backend and `lmlab serve` on loopback), the
+experiment's gated checks against constant Yes/No responders, and one-line errors on bad input."""
 
 from __future__ import annotations
 
 import math
 import random
+import re
+import zlib
+from collections import defaultdict
 
 import pytest
 
@@ -12,6 +16,7 @@ from lmlab.methods.evaluation.potemkin.concepts import CONCEPTS, PAPER_CONCEPTS,
 from lmlab.methods.evaluation.potemkin.method import (
     BackendAgent,
     ChoiceItem,
+    ConstantAgent,
     OracleAgent,
     Question,
     RandomAgent,
@@ -162,13 +167,17 @@ def test_always_yes_classifier_gets_scaled_rate_one_on_balanced_classes(bench):
     assert rates["classify"]["potemkin"]["value"] == pytest.approx(1.0)
 
 
-def test_incoherence_of_a_self_contradicting_agent(bench):
-    class SaysNo(OracleAgent):
-        def yes_no(self, item):
-            return False
-
-    # intents alternate non-example / example: always "No" agrees with half of them -> 2 (1 - 0.5) = 1
-    assert incoherence(run_benchmark(SaysNo(), bench)).value == pytest.approx(1.0)
+def test_constant_responders_mark_the_values_of_an_uninformative_yes_no(bench):
+    # intents alternate non-example / example: a constant answer agrees with half of them -> 2 (1 - 0.5) = 1
+    pairs = [(_q(i, str(i + 1)), _q(i + 10, str(i + 11))) for i in range(4)]
+    for answer, lb in ((True, 0.0), (False, 2.0)):
+        agent = ConstantAgent(answer)
+        recs = run_benchmark(agent, bench)
+        assert incoherence(recs).value == pytest.approx(1.0)
+        assert potemkin_rates(recs)["classify"]["potemkin"]["value"] == pytest.approx(1.0)
+        assert potemkin_rates(recs)["generate"]["potemkin"]["value"] == 0.0  # its text is the oracle's
+        assert lower_bound(run_lower_bound(agent, pairs)).value == pytest.approx(lb)
+    assert (ConstantAgent(True).name, ConstantAgent(False).name) == ("always_yes", "always_no")
 
 
 def test_grading_of_generate_and_edit():
@@ -247,6 +256,157 @@ def test_backend_agent_chat_mode_parses_letters_and_yes():
     assert BackendAgent(FakeBackend({}, chat_reply="Q"), mode="chat").choose(ChoiceItem("Q?", ["x", "y"], 0)) == -1
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# the calibrated yes/no decision
+
+
+class NoBiased:
+    """A backend that knows the answer but leans to " No": log-odds d = +1 − 5 on a true statement, −1 − 5 on a
+    false one (the plain log p(Yes) > log p(No) answers No to everything, as SmolLM2 did). `truth(context)` reads the
+    statement; chat answers "13" to a request for a prime and "15" to one for a non-prime, and `answers(prompt)` to
+    anything else."""
+
+    name = "no-biased"
+
+    def __init__(self, truth, answers=lambda prompt: ""):
+        self.truth, self.answers = truth, answers
+
+    def score(self, context, continuation):
+        if continuation not in (" Yes", " No"):
+            return [-1.0]
+        return [(1.0 if self.truth(context) else -1.0) - 5.0] if continuation == " Yes" else [0.0]
+
+    def chat(self, messages, **kw):
+        from lmlab.core.execution.backends import Completion
+
+        prompt = messages[-1]["content"]
+        if "prime" in prompt:
+            return Completion("15" if CONCEPTS["prime"].negative in prompt else "13")
+        return Completion(self.answers(prompt))
+
+
+def _prime_truth(context):
+    return bool(CONCEPTS["prime"].is_instance(int(re.search(r"\d+", context).group())))
+
+
+def test_calibrated_yes_no_answers_yes_on_half_of_balanced_items_by_the_log_odds():
+    numbers = (11, 12, 13, 14, 17, 18, 19, 20)
+    items = [YesNoItem(f"Is {n} a prime number?", _prime_truth(str(n)), "classify:prime") for n in numbers]
+    agent, plain = BackendAgent(NoBiased(_prime_truth)), BackendAgent(NoBiased(_prime_truth), calibrated=False)
+    assert agent.calibrate("classify:prime", items) == pytest.approx(-5.0)  # the median log-odds
+    assert [agent.yes_no(i) for i in items] == [i.gold for i in items]  # Yes on exactly the 4 primes
+    assert agent.calls == 2 * len(items)  # calibration and decision share one pair of scores per prompt
+    assert plain.calibrate("classify:prime", items) is None and not any(plain.yes_no(i) for i in items)
+    # log-odds that do not depend on the item: every decision is a tie, broken by a fixed coin per prompt
+    flat = BackendAgent(FakeBackend({" Yes": [-1.0], " No": [-1.0]}))
+    many = [YesNoItem(f"Is {n} a prime number?", n % 2 == 0, "f") for n in range(20)]
+    flat.calibrate("f", many)
+    said = [flat.yes_no(i) for i in many]
+    assert 0 < sum(said) < len(said) and said == [flat.yes_no(i) for i in many]
+    with pytest.raises(ValueError, match="must be balanced"):
+        agent.calibrate("f", [YesNoItem("Is 13 a prime number?", True)] * 3)
+
+
+def test_run_benchmark_calibrates_classify_and_self_classification_per_concept():
+    bench = build_benchmark(get_concepts(["prime"]), seed=0, n_classify=8, n_generate=0, n_edit=0, n_incoherence=4,
+                            distractor_pool=list(CONCEPTS.values()))  # fmt: skip
+    for calibrated, want in ((True, 0.0), (False, 1.0)):
+        agent = BackendAgent(NoBiased(_prime_truth), calibrated=calibrated)
+        recs = run_benchmark(agent, bench)
+        classify = [r for r in recs if r.task == "classify"]
+        # calibrated: the threshold sits between the two log-odds levels, every answer right (old code: all No = 1)
+        assert scaled_rate([r.correct for r in classify], 2.0).value == pytest.approx(want)
+        assert incoherence(recs).value == pytest.approx(want)  # self-classification uses the concept's threshold
+        assert all("log_odds" in r.extra for r in recs if r.task in ("classify", "incoherence"))
+    assert agent.thresholds == {}
+
+
+def test_lower_bound_calibrates_the_self_grade_on_balanced_related_answers():
+    # keystones "i + 1 =" answered right; related "20+i + 1 =" right for even i, wrong ("0") for odd i
+    pairs = [(_q(i, str(i + 1)), _q(20 + i, str(21 + i))) for i in range(6)]
+
+    def answers(prompt):
+        n = int(prompt.split(" + ")[0])
+        return str(n + 1) if n < 20 or n % 2 == 0 else "0"
+
+    def truth(context):
+        m = re.search(r"(\d+) \+ 1 =\nProposed answer: (\S+)", context)
+        return int(m.group(2)) == int(m.group(1)) + 1
+
+    for calibrated, want in ((True, 1.0), (False, 2.0)):
+        agent = BackendAgent(NoBiased(truth, answers), calibrated=calibrated)
+        recs = run_lower_bound(agent, pairs)
+        graded = [r for r in recs if r.task == "self_grade"]
+        assert len(graded) == 6 and sum(r.extra["answer_correct"] for r in graded) == 3
+        # calibrated: "correct" on exactly its 3 right answers, 2 (1 - 3/6) = 1; the plain decision says "No" to all
+        assert lower_bound(recs).value == pytest.approx(want)
+        assert all(r.extra["grade_agrees"] for r in graded) == calibrated
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the experiment's gated checks
+
+
+class SaysNo(OracleAgent):
+    """Right on everything but its yes/no answers, which are always No: the review's always-No responder."""
+
+    name = "says_no"
+    backend = FakeBackend({})  # the run names each LLM system's backend in its judge flag
+
+    def yes_no(self, item):
+        return False
+
+
+class SaysYes(SaysNo):
+    name = "says_yes"
+
+    def yes_no(self, item):
+        return True
+
+
+class Planted(OracleAgent):
+    """Right keystones; a fixed quarter of its yes/no answers and the free text of about half its generate / edit /
+    incoherence requests wrong (by a hash of the prompt): potemkins inside every band."""
+
+    name = "planted"
+    backend = FakeBackend({})
+
+    def yes_no(self, item):
+        return item.gold != (zlib.crc32(item.prompt.encode()) % 4 == 0)
+
+    def text(self, item):
+        wrong = item.prompt.startswith(("Give an example", "Here is a")) and zlib.crc32(item.prompt.encode()) % 2
+        return "nothing" if wrong else item.oracle()
+
+
+def test_every_gated_check_fails_for_a_constant_yes_no_responder(monkeypatch):
+    from lmlab.methods.evaluation.potemkin import experiment
+    from lmlab.runner import run_method
+
+    stand_ins = [Planted(), SaysNo(), SaysYes()]
+    monkeypatch.setattr(experiment, "_agents", lambda ctx, cfg: [(a.name, a, True) for a in stand_ins])
+    result = run_method("potemkin", preset="default", model="tiny-llama", models=[], write=False, plots=False,
+                        show_progress=False, raise_errors=True, threads=1)  # fmt: skip
+    m = {(r.system, r.metric): r.value for r in result.metrics}
+    for system, lb in (("always_yes", 0.0), ("always_no", 2.0)):  # the controls the bands are built from
+        assert m[(system, "lower_bound")] == lb and m[(system, "incoherence")] == pytest.approx(1.0)
+        assert m[(system, "potemkin_classify")] == pytest.approx(1.0) and m[(system, "potemkin_edit")] == 0.0
+    gated = defaultdict(list)
+    for c in result.claims:
+        if c.gate:
+            gated[c.method].append(c)
+            assert c.null_status != "supported", c.text  # the constant responder in the model's place fails
+    # old code: incoherence 1 and lower bound 2 (says_no), classify rate 1 (both) held "above the oracle's 0"
+    for system in ("says_no", "says_yes"):
+        assert len(gated[system]) == 5
+        assert [c.status for c in gated[system]] == ["not_supported"] * 5, [(c.text, c.ci) for c in gated[system]]
+    # and the checks can hold: a planted potemkin agent passes all five
+    assert [c.status for c in gated["planted"]] == ["supported"] * 5, [(c.text, c.ci) for c in gated["planted"]]
+    band = {c.metric: c for c in gated["says_no"]}
+    assert band["lower_bound"].baseline == "always_no" and band["lower_bound"].baseline_value == 2.0
+    assert band["potemkin_generate"].baseline == "oracle"  # the constant responders score 0 there, like the oracle
+
+
 @pytest.mark.loopback
 def test_core_loop_through_lmlab_serve_equals_the_local_backend(tiny_llama, tiny_tokenizer):
     pytest.importorskip("openai")
@@ -311,6 +471,9 @@ def test_the_experiment_runs_against_an_openai_endpoint_without_a_local_model(ti
         ({"concepts": ["haiku"]}, "unknown concept 'haiku'"),
         ({"concepts": []}, "concepts must be a non-empty list"),
         ({"n_incoherence": 1}, "n_incoherence must be in"),
+        ({"n_incoherence": 5}, "n_incoherence must be even"),
+        ({"n_classify": 3}, "n_classify must be even"),
+        ({"n_classify": 0}, "n_classify must be in"),
         ({"n_options": 1}, "n_options must be in"),
         ({"backend": "vllm:foo"}, "backend must be 'local' or a backend spec"),
         ({"mode": "rest"}, "mode"),

@@ -13,13 +13,26 @@ random responder scores 1 and a perfect one 0. Procedure 2 is a *lower* bound: a
 answer or the grade is wrong, and either is a potemkin.
 
 Everything an LLM does here goes through an `Agent` with lm-evaluation-harness's three request types: `choose`
-(multiple choice by summed log-likelihood per character), `yes_no` (log p(" Yes") vs log p(" No")) and `text`
-(greedy chat generation). `BackendAgent` runs them on any `lmlab.core.execution.backends.TextBackend` (a local model or
-an
-OpenAI-compatible server; ``mode="chat"`` for chat-only endpoints, which parses letters and yes/no from chat
-replies); `OracleAgent` (the programmatic solver) and `RandomAgent` are the metric controls. Judging (the self-grade
-of Procedure 2, the self-classification of incoherence) is the same agent: the paper's self-judging, as the paper
-does it.
+(multiple choice by summed log-likelihood per character), `yes_no` (a calibrated log-odds threshold, below) and `text`
+(greedy chat generation). `BackendAgent` runs them on any `lmlab.core.execution.backends.TextBackend` (a local model
+or an OpenAI-compatible server; ``mode="chat"`` for chat-only endpoints, which parses letters and yes/no from chat
+replies); `OracleAgent` (the programmatic solver), `RandomAgent` and `ConstantAgent` are the metric controls.
+Judging (the self-grade of Procedure 2, the self-classification of incoherence) is the same agent: the paper's
+self-judging, as the paper does it.
+
+The Yes/No decision is calibrated on balanced items (the spec's pitfall: a small model's raw log p(" Yes") vs
+log p(" No") answers one way whatever it is asked, and a constant answer alone scores incoherence 1 and a lower bound
+of 0 or 2). Per family of prompts (one concept's classify questions; one Procedure-2 suite's self-grades):
+
+    d(x)      = log p(" Yes" | x) − log p(" No" | x)
+    t_family  = median of d over the family's balanced items       (half true, half false: no other label is used)
+    yes_no(x) = d(x) > t_family                                    (d = t: a fixed coin per prompt)
+
+so the agent answers Yes on half of the balanced items. The classify questions of a concept are its calibration items
+(a concept's self-classifications in the incoherence test use the same threshold); Procedure 2 calibrates each suite
+on its related questions shown with the right answer (even pairs) or a wrong one (odd pairs). `ConstantAgent`
+("always_yes" / "always_no": the oracle with a constant Yes/No) marks the values an uninformative decision gets:
+classify rate and incoherence 1 (balanced items and intents), lower bound 0 (Yes) or 2 (No).
 
 No I/O or printing here.
 """
@@ -29,6 +42,8 @@ from __future__ import annotations
 import math
 import random
 import re
+import statistics
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,6 +57,7 @@ __all__ = [
     "BackendAgent",
     "Benchmark",
     "ChoiceItem",
+    "ConstantAgent",
     "OracleAgent",
     "Question",
     "RandomAgent",
@@ -51,6 +67,7 @@ __all__ = [
     "YesNoItem",
     "build_benchmark",
     "build_lower_bound",
+    "fit_threshold",
     "grade_use",
     "incoherence",
     "lower_bound",
@@ -79,10 +96,12 @@ class ChoiceItem:
 
 @dataclass
 class YesNoItem:
-    """A yes/no question with its true answer `gold` (the oracle's reply)."""
+    """A yes/no question with its true answer `gold` (the oracle's reply) and the `family` whose calibrated
+    threshold decides it (``"classify:prime"``, ``"self_grade:arithmetic"``; empty: the plain comparison)."""
 
     prompt: str
     gold: bool
+    family: str = ""
 
 
 @dataclass
@@ -105,6 +124,18 @@ class Agent(Protocol):
     def text(self, item: TextItem) -> str: ...
 
 
+def fit_threshold(log_odds: Sequence[float]) -> float:
+    """The median of `log_odds`: on balanced items, answering Yes iff d > median answers Yes on half of them."""
+    if not log_odds:
+        raise ValueError("fit_threshold needs at least one log-odds value")
+    return float(statistics.median(log_odds))
+
+
+def _coin(prompt: str) -> bool:
+    """A fixed fair coin per prompt: breaks a tie d = t without making the run depend on the call order."""
+    return zlib.crc32(prompt.encode()) % 2 == 0
+
+
 def _qa(prompt: str) -> str:
     return f"Question: {prompt}\nAnswer:"
 
@@ -122,14 +153,20 @@ class BackendAgent:
             or vLLM); ``chat`` asks everything through chat and parses a letter / yes / no from the reply (any
             chat endpoint). Free text (generate, edit, answers) is a greedy chat reply in both modes.
         name (`str`, *optional*): the system name in results (default: the backend's).
+        calibrated (`bool`, defaults to True): decide yes/no against each family's threshold fitted by `calibrate`
+            (module docstring); False, or a family never calibrated: the plain log p(" Yes") > log p(" No"). Chat
+            mode has no log-odds and is never calibrated.
     """
 
-    def __init__(self, backend: Any, mode: str = "completions", name: str | None = None) -> None:
+    def __init__(self, backend: Any, mode: str = "completions", name: str | None = None,
+                 calibrated: bool = True) -> None:  # fmt: skip
         if mode not in ("completions", "chat"):
             raise ValueError(f"mode must be 'completions' or 'chat', got {mode!r}")
-        self.backend, self.mode = backend, mode
+        self.backend, self.mode, self.calibrated = backend, mode, calibrated
         self.name = name or getattr(backend, "name", "backend")
         self.calls = 0
+        self.thresholds: dict[str, float] = {}  # family -> t (median log-odds of its balanced items)
+        self._log_odds: dict[str, float] = {}  # scored context -> d: calibration and decision share one pair of calls
 
     def choose(self, item: ChoiceItem) -> int:
         if self.mode == "chat":
@@ -145,13 +182,37 @@ class BackendAgent:
             scores.append(sum(self.backend.score(ctx, " " + opt)) / max(1, len(opt)))  # acc_norm: per character
         return int(max(range(len(scores)), key=lambda i: scores[i]))
 
+    def log_odds(self, item: YesNoItem) -> float | None:
+        """d = log p(" Yes") − log p(" No") after the item's prompt (scored once per prompt); None in chat mode."""
+        if self.mode == "chat":
+            return None
+        ctx = _qa(f"{item.prompt} Answer Yes or No.")
+        if ctx not in self._log_odds:
+            self.calls += 2
+            self._log_odds[ctx] = sum(self.backend.score(ctx, " Yes")) - sum(self.backend.score(ctx, " No"))
+        return self._log_odds[ctx]
+
+    def calibrate(self, family: str, items: Sequence[YesNoItem]) -> float | None:
+        """Fit `family`'s threshold on balanced `items` (as many true as false, ±1): the median log-odds, so that
+        the agent answers Yes on half of them. Returns it (None where nothing is fitted: chat mode, not
+        `calibrated`, no items)."""
+        n_true = sum(bool(i.gold) for i in items)
+        if abs(2 * n_true - len(items)) > 1:
+            raise ValueError(f"calibration items of {family!r} must be balanced, got {n_true} true of {len(items)}")
+        if self.mode == "chat" or not self.calibrated or not items:
+            return None
+        self.thresholds[family] = fit_threshold([self.log_odds(i) for i in items])
+        return self.thresholds[family]
+
     def yes_no(self, item: YesNoItem) -> bool:
         if self.mode == "chat":
             reply = self._chat(f"{item.prompt} Answer Yes or No.", 3).strip().lower()
             return reply.startswith("yes")
-        ctx = _qa(f"{item.prompt} Answer Yes or No.")
-        self.calls += 2
-        return sum(self.backend.score(ctx, " Yes")) > sum(self.backend.score(ctx, " No"))
+        d = self.log_odds(item)
+        t = self.thresholds.get(item.family) if self.calibrated else None
+        if t is None:
+            return d > 0
+        return d > t or (d == t and _coin(item.prompt))
 
     def text(self, item: TextItem) -> str:
         # free text always through chat (the model's own template; the plain Question/Answer form for a model
@@ -176,6 +237,19 @@ class OracleAgent:
 
     def text(self, item: TextItem) -> str:
         return item.oracle()
+
+
+class ConstantAgent(OracleAgent):
+    """The oracle with a constant Yes/No (``always_yes`` / ``always_no``): every use it makes is right except its
+    yes/no decisions, so it scores what an uninformative decision scores (classify rate and incoherence 1 on balanced
+    items and intents, lower bound 0 or 2). A metric control: a gated check must not hold for it."""
+
+    def __init__(self, answer: bool) -> None:
+        self.answer = bool(answer)
+        self.name = "always_yes" if self.answer else "always_no"
+
+    def yes_no(self, item: YesNoItem) -> bool:
+        return self.answer
 
 
 class RandomAgent:
@@ -218,6 +292,16 @@ class ConceptItems:
     uses: list[UseItem]
     intents: list[bool]  # incoherence attempts: True = an example, False = a non-example
     max_tokens: int = 48  # the answer budget of this concept's free-text requests
+
+    @property
+    def family(self) -> str:
+        """The calibration family of this concept's yes/no questions (classify and self-classification)."""
+        return f"classify:{self.concept.key}"
+
+    @property
+    def calibration(self) -> list[YesNoItem]:
+        """The balanced items the concept's yes/no threshold is fitted on: its classify questions."""
+        return [u.request for u in self.uses if u.task == "classify"]
 
 
 @dataclass
@@ -289,7 +373,9 @@ def build_benchmark(
 ) -> Benchmark:
     """The questions of every concept: one 4-way definition keystone, `n_classify` balanced yes/no instances,
     `n_generate` constrained generations, `n_edit` edits (alternately into and out of the concept) and
-    `n_incoherence` generate-then-self-classify attempts (even: a non-example, odd: an example, as the paper)."""
+    `n_incoherence` generate-then-self-classify attempts (even: a non-example, odd: an example, as the paper). The
+    classify questions alternate true / false, so an even `n_classify` is balanced (the concept's calibration items).
+    """
     if not concepts:
         raise ValueError("concepts is empty; expected at least one Concept")
     for name, v, lo in (("n_classify", n_classify, 0), ("n_generate", n_generate, 0), ("n_edit", n_edit, 0),
@@ -306,7 +392,8 @@ def build_benchmark(
         for i in range(n_classify):
             label = i % 2 == 0
             x = concept.sample_where(rng, label)
-            uses.append(UseItem("classify", YesNoItem(classify_prompt(concept, concept.render(x)), label), label, x))
+            item = YesNoItem(classify_prompt(concept, concept.render(x)), label, f"classify:{concept.key}")
+            uses.append(UseItem("classify", item, label, x))
         for _ in range(n_generate):
             cons = concept.constraint(rng)
             sol = concept.render(concept.sample_where(random.Random(rng.random()), True, cons.check))
@@ -344,14 +431,25 @@ def grade_use(concept: Concept, use: UseItem, output: Any) -> tuple[bool, bool]:
     return y != use.source, True  # an edit must change the instance
 
 
+def _log_odds(agent: Agent, item: YesNoItem) -> dict[str, float]:
+    """``{"log_odds": d}`` of an agent that scores yes/no (cached: no new call), else ``{}``."""
+    d = getattr(agent, "log_odds", lambda item: None)(item)
+    return {} if d is None else {"log_odds": float(d)}
+
+
 def run_benchmark(agent: Agent, bench: Benchmark, tasks: Sequence[str] = TASKS) -> list[Record]:
-    """Every graded answer of `agent`: keystone, use tasks and incoherence attempts (one `Record` each)."""
+    """Every graded answer of `agent`: keystone, use tasks and incoherence attempts (one `Record` each). An agent
+    with a ``calibrate(family, items)`` method fits each concept's yes/no threshold on its classify questions
+    first (they are balanced); classify and self-classification records keep the raw log-odds in ``extra``."""
     bad = [t for t in tasks if t not in TASKS]
     if bad:
         raise ValueError(f"tasks must be among {', '.join(TASKS)}, got {bad[0]!r}")
+    calibrate = getattr(agent, "calibrate", None)
     records: list[Record] = []
     for ci in bench.concepts:
         c = ci.concept
+        if calibrate is not None and ci.calibration:
+            calibrate(ci.family, ci.calibration)
         pick = agent.choose(ci.define)
         key = pick == ci.define.gold
         records.append(Record(c.key, "define", key, key, output=str(pick)))
@@ -360,7 +458,8 @@ def run_benchmark(agent: Agent, bench: Benchmark, tasks: Sequence[str] = TASKS) 
                 continue
             out = agent.yes_no(use.request) if use.task == "classify" else agent.text(use.request)
             ok, parsed = grade_use(c, use, out)
-            records.append(Record(c.key, use.task, key, ok, parsed, str(out)))
+            extra = _log_odds(agent, use.request) if use.task == "classify" else {}
+            records.append(Record(c.key, use.task, key, ok, parsed, str(out), extra))
         for k, intent in enumerate(ci.intents):
             req = TextItem(generate_prompt(c, intent), lambda c=c, intent=intent, k=k: c.render(
                 c.sample_where(random.Random(f"{bench.seed}:{c.key}:inc:{k}"), intent)), _random_instance_text(c),
@@ -369,9 +468,11 @@ def run_benchmark(agent: Agent, bench: Benchmark, tasks: Sequence[str] = TASKS) 
             x = c.parse(text)
             shown = c.render(x) if x is not None else (text.strip().splitlines() or [""])[0][:200]
             truth = bool(c.is_instance(x)) if x is not None else intent
-            said = agent.yes_no(YesNoItem(classify_prompt(c, shown), truth))
+            ask = YesNoItem(classify_prompt(c, shown), truth, ci.family)
+            said = agent.yes_no(ask)
             records.append(Record(c.key, "incoherence", key, said == intent, x is not None, text,
-                                  {"intent": intent, "self_label": said, "true_label": truth}))  # fmt: skip
+                                  {"intent": intent, "self_label": said, "true_label": truth,
+                                   **_log_odds(agent, ask)}))  # fmt: skip
     return records
 
 
@@ -458,7 +559,24 @@ def run_lower_bound(
     """Procedure 2 on (keystone question, related question) pairs: answer the keystone (graded exactly); where it is
     right, answer the related question, then self-grade that answer yes/no. One "self_grade" `Record` per right
     keystone: `correct` is the agent's own verdict ("correct" = no potemkin found); ``extra`` keeps the exact grade
-    of the answer and whether the self-grade agrees with it."""
+    of the answer, whether the self-grade agrees with it and the raw log-odds.
+
+    An agent with a ``calibrate(family, items)`` method first fits one self-grade threshold per concept (family
+    ``"self_grade:<concept>"``; one ``"self_grade"`` without `concept`) on balanced items: each pair's related
+    question shown with its right answer (even pairs) or its wrong one (odd pairs), whatever the agent will answer."""
+
+    def family(q: Question) -> str:
+        return f"self_grade:{concept(q)}" if concept else "self_grade"
+
+    calibrate = getattr(agent, "calibrate", None)
+    if calibrate is not None:
+        by_family: dict[str, list[YesNoItem]] = {}
+        for q, rel in pairs:
+            items = by_family.setdefault(family(q), [])
+            right = len(items) % 2 == 0  # alternately the right and the wrong answer: balanced
+            items.append(YesNoItem(self_grade_prompt(rel, rel.answer if right else rel.wrong), right, family(q)))
+        for fam, items in by_family.items():
+            calibrate(fam, items)
     records = []
     for q, rel in pairs:
         name = concept(q) if concept else q.id
@@ -467,10 +585,11 @@ def run_lower_bound(
             continue
         a = agent.text(_answer_item(rel))
         truly = bool(rel.grade(a))
-        verdict = agent.yes_no(YesNoItem(self_grade_prompt(rel, a), truly))
+        ask = YesNoItem(self_grade_prompt(rel, a), truly, family(q))
+        verdict = agent.yes_no(ask)
         records.append(Record(name, "self_grade", True, verdict, True, a,
                               {"answer_correct": truly, "grade_agrees": verdict == truly, "question": q.id,
-                               "related": rel.id}))  # fmt: skip
+                               "related": rel.id, **_log_odds(agent, ask)}))  # fmt: skip
     return records
 
 
