@@ -262,6 +262,9 @@ def test_bad_values_raise_one_line_errors():
         ({"rho": 0.0}, "rho must be in"),
         ({"rho_grid": [1.5]}, "rho_grid entries must be in"),
         ({"mu_grid": [0.01]}, "mu_grid must have as many values as rho_grid"),
+        ({"mu_grid": [0.0, 0.1]}, r"mu_grid entries must be in \(0"),  # μ = 0 is FedAvg; the search is geometric
+        ({"rho_grid": [0.3, 0.3]}, "rho_grid must hold distinct values"),
+        ({"knob_max_extensions": -1}, "knob_max_extensions must be in"),
         ({"systems": ["fedicu"]}, "systems must include"),
         ({"systems": ["fedavg", "fedicu", "scaffold"]}, "systems entries must be among"),
         ({"general_families": ["arithmetic/add"]}, "must not overlap"),
@@ -335,19 +338,98 @@ def test_inprocess_loop_and_flower_apps_give_the_same_result(method):
         torch.testing.assert_close(flw.final_state[k], sim.final_state[k], atol=1e-6, rtol=1e-5)
 
 
-def test_fedprox_mu_and_fedicu_rho_get_the_same_tuning_budget_and_keep_the_probe_argmin():
+def _smoke(**overrides):
     from lmlab.runner import run_method
 
-    result = run_method("fedicu", preset="smoke", write=False, show_progress=False, raise_errors=True, threads=1,
-                        limit=3, rho_grid=[0.3, 0.5], mu_grid=[0.01, 0.1], n_seeds=1)  # fmt: skip
+    return run_method("fedicu", preset="smoke", write=False, show_progress=False, raise_errors=True, threads=1,
+                      limit=3, rho_grid=[0.3, 0.5], mu_grid=[0.01, 0.1], n_seeds=1, **overrides)  # fmt: skip
+
+
+def test_an_edge_choice_of_rho_or_mu_extends_its_grid_and_the_choice_is_the_probe_argmin():
+    """Issue 34: a knob chosen at the edge of its grid is searched past that edge, the same way for FedICU's ρ and
+    FedProx's μ. A 2-point grid always has its choice on an edge, so each search must try a value outside the grid
+    (the old code only ever ran the grid: no such value, no ``knob_search`` table)."""
+    result = _smoke()
+    table = result.tables["knob_search"]
     m = {(r.system, r.metric): r.value for r in result.metrics}
     for system, key, grid in (("fedicu", "rho", [0.3, 0.5]), ("fedprox", "mu", [0.01, 0.1])):
-        losses = [m[(f"{system}@{key}={v:g}", "server_probe_loss")] for v in grid]
-        best = min(range(2), key=lambda j: (losses[j], j))
-        assert result.flags[f"picked_{key}_per_seed"] == [grid[best]]
-        assert m[(system, "server_probe_loss")] == losses[best]
-    assert result.flags["upload_ratio_fedavg_over_fedicu"] > 1.0
+        rows = [r for r in table if r["system"] == system]
+        tried = [r["value"] for r in rows]
+        assert tried[:2] == grid and not any(r["extension"] for r in rows[:2])
+        assert len(tried) > 2 and all(r["extension"] for r in rows[2:]), tried  # searched past the edge
+        assert all(v not in grid for v in tried[2:])
+        # every extension is one step past the edge the choice sat on, at the grid's ratio there (rho capped at 1)
+        ratio = grid[1] / grid[0]
+        for j in range(2, len(tried)):
+            before = tried[:j]
+            lo, hi = min(before), max(before)
+            step_up = min(1.0, hi * ratio) if key == "rho" else hi * ratio
+            assert tried[j] == pytest.approx(lo / ratio) or tried[j] == pytest.approx(step_up)
+        assert all(v > 0 for v in tried) and (key == "mu" or all(v <= 1.0 for v in tried))
+        losses = [r["server_probe_loss"] for r in rows]
+        pick = [r for r in rows if r["chosen"]]
+        assert len(pick) == 1 and pick[0]["server_probe_loss"] == min(losses)
+        assert result.flags[f"picked_{key}"] == pick[0]["value"]
+        assert m[(system, "server_probe_loss")] == pytest.approx(pick[0]["server_probe_loss"])
+        summary = result.flags["knob_search"][system]
+        edge_value = pick[0]["value"] in (min(tried), max(tried)) and not (key == "rho" and pick[0]["value"] == 1.0)
+        assert summary["edge"] == (("bottom" if pick[0]["value"] == min(tried) else "top") if edge_value else None)
+        if summary["edge"] is None and len(tried) < 2 + result.config["knob_max_extensions"]:
+            assert not edge_value  # the search stopped early only because the choice became interior (or ρ = 1)
+    assert "mu0_is_fedavg_probe_loss" in result.flags["knob_search"]["fedprox"]  # μ -> 0 is FedAvg, also run
+    assert bool(result.flags["fragile_claims"]) == bool(result.flags["knob_still_on_edge"])
+    assert result.flags["upload_ratio_fedavg_over_fedicu"] >= 1.0
     assert any(c.mechanism for c in result.claims)
+
+
+def test_a_choice_still_on_an_edge_marks_the_claims_comparing_its_system_fragile():
+    """No extension allowed: both 2-point searches end on an edge, so every check comparing FedICU with FedAvg or
+    FedProx (and the reported FedProx rows) is FRAGILE, while the checks against the base model are not."""
+    result = _smoke(knob_max_extensions=0)
+    assert set(result.flags["knob_still_on_edge"]) == {"fedicu", "fedprox"}
+    assert len(result.tables["knob_search"]) == 4
+    for c in result.claims:
+        trained = "round0" not in (c.method, c.baseline) and not c.mechanism
+        assert c.text.startswith("FRAGILE") == trained, c.text
+    assert result.flags["fragile_claims"] == [c.text for c in result.claims if c.text.startswith("FRAGILE")]
+
+
+def _search(dev_score, grid, **kw):
+    from lmlab.methods.adaptation.fedicu.experiment import search_rho
+
+    return search_rho(dev_score, grid, **kw)
+
+
+def test_rho_search_steps_up_at_the_grids_ratio_and_stops_at_the_dense_upload():
+    mask_hurts = _search(lambda r: -r, [0.3, 0.5], max_extensions=5)  # the probe always prefers more entries
+    assert [r for r, _, _ in mask_hurts.tried] == [0.3, 0.5, pytest.approx(0.5 * 5 / 3), 1.0]
+    assert mask_hurts.chosen == 1.0 and mask_hurts.edge is None  # ρ = 1 is the bound, not an edge to widen
+    small = _search(lambda r: r, [0.3, 0.5], max_extensions=2)  # the sparsest upload keeps winning
+    assert [r for r, _, _ in small.tried] == [0.3, 0.5, pytest.approx(0.18), pytest.approx(0.108)]
+    assert small.edge == "bottom" and small.chosen == pytest.approx(0.108) and small.extensions == 2
+    valley = _search(lambda r: (r - 0.6) ** 2, [0.3, 0.5])
+    assert valley.chosen == 0.5 and valley.edge is None and valley.extensions == 1
+    assert _search(lambda r: -r, [0.5, 1.0]).extensions == 0  # already at ρ = 1
+    for bad in ([0.5, 1.5], [0.0, 0.5], [0.5, 0.5], []):
+        with pytest.raises(ValueError, match="grid must hold distinct upload fractions"):
+            _search(lambda r: r, bad)
+
+
+def test_lambda_moves_the_divergence_weights_from_p_to_the_probes_w_so_its_range_ends_at_one():
+    """Why λ's grid is not extended past 1: Σ_k p_k r_k = 0, so c + λ Σ w_k r_k = c + Σ_k (p_k + λ (w_k - p_k)) r_k;
+    λ ∈ [0, 1] mixes p (λ = 0: the average c of the masked updates) and the probe's softmax w (λ = 1), and λ > 1
+    extrapolates past w until some client's weight turns negative (its domain change subtracted)."""
+    g = torch.Generator().manual_seed(9)
+    deltas = [torch.randn(12, generator=g) for _ in range(4)]
+    p, w = [0.25] * 4, softmax_weights([1.0, 1.2, 2.0, 2.5], 1.0)
+    c, _, rs = split_consensus_divergence(deltas, p)
+    for lam in (0.0, 0.5, 1.0, 3.0):
+        eff = [pk + lam * (wk - pk) for pk, wk in zip(p, w)]
+        torch.testing.assert_close(c + lam * sum(wk * r for wk, r in zip(w, rs)),
+                                   c + sum(e * r for e, r in zip(eff, rs)), atol=1e-5, rtol=1e-5)  # fmt: skip
+        assert sum(eff) == pytest.approx(1.0)
+        assert (min(eff) >= 0) == (lam <= 1.0 or lam * (p[3] - w[3]) <= p[3])
+    assert min(pk + 3.0 * (wk - pk) for pk, wk in zip(p, w)) < 0  # λ = 3 weighs a client negatively
 
 
 # ---------------------------------------------------------------------------------------------------------------

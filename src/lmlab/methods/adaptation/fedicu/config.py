@@ -36,15 +36,22 @@ class FedICUConfig(BaseConfig):
     Args:
         systems (`list[str]`): among ``fedavg``, ``fedprox``, ``fedicu``, ``fedicu_cosine`` (no-server-data
             fallback), ``split_only`` (ρ = 1: splitting without the mask).
-        rho_grid, mu_grid (`list[float]`): FedICU's ρ and FedProx's μ, each picked per seed by the final server-probe
-            loss; equal lengths (equal tuning budget).
+        rho_grid, mu_grid (`list[float]`): FedICU's ρ and FedProx's μ, each chosen on the first seed by the final
+            server-probe loss and extended past an edge (`knob_max_extensions`): μ by the shared search
+            (`lmlab.core.training.lr_search.search_lr`; μ → 0 is FedAvg, run as ``fedavg``), ρ by the same rule with
+            its step up capped at ρ = 1 (no mask). Equal lengths and the same cap: equal tuning budget.
+        lambda_grid (`list[float]`): not extended: λ_t ∈ [0, 1] by the method's definition (λ moves the divergence
+            weights from p_k, λ = 0, to the probe's w_k, λ = 1; λ > 1 extrapolates past them), picked each round by
+            the method itself.
         n_seeds (`int`, defaults to 2): training seeds (LoRA init, data order); CIs cluster by seed x client.
         domain_tol, probe_tol (`float`): tolerances of the reported non-inferiority checks (domain accuracy vs FedAvg;
             general-probe forgetting vs FedAvg).
 
-    Budget: the default preset measured 96 s wall on a quiet 2-core machine (5-minute target); moving the server
-    probe to the client families and scoring the domain NLL (computed with the domain accuracy anyway) change it by
-    ~0 s.
+    Budget (5-minute target): the default preset measured 163 s in a contended run (load ~3 on 2 cores; 96 s quiet
+    for the pre-issue-34 code), 10 runs of 4 rounds (seed x system x grid value). The knob searches on the first
+    seed make it 8 to 12 runs (2 grid values + up to 2 extensions per knob on seed 0, the chosen value on seed 1;
+    the losers no longer run on seed 1): at most +1 FedProx run (~10 s contended) and +1 FedICU run (~14 s), so
+    ≤ ~190 s contended, ~115 s quiet.
     """
 
     systems: list = param(["fedavg", "fedprox", "fedicu"], "systems run, among: " + ", ".join(SYSTEMS))
@@ -70,14 +77,20 @@ class FedICUConfig(BaseConfig):
                                  "LoRA target modules", paper="q, k, v, o, up, down [verify]")  # fmt: skip
     train_layers: int = param(2, "top blocks carrying the LoRA over a frozen trunk", paper="all layers")
     rho: float = param(0.3, "upload fraction ρ when rho_grid is empty", paper="[verify] (reconstruction: 0.3)")
-    rho_grid: list = param([0.3, 0.5], "FedICU's ρ values tried (picked by the server probe)",
+    rho_grid: list = param([0.3, 0.5], "FedICU's ρ values tried first (server probe, first seed; an edge choice "
+                           "extends the grid, capped at ρ = 1)",
                            paper="sweep {0.1, 0.3, 0.5, 1.0} [verify]")  # fmt: skip
-    mu_grid: list = param([0.01, 0.1], "FedProx's μ values tried (same budget as rho_grid)", paper="0.01")
+    mu_grid: list = param([0.01, 0.1], "FedProx's μ values tried first (same budget and rule as rho_grid; μ > 0: "
+                          "μ = 0 is fedavg)", paper="0.01")  # fmt: skip
+    knob_max_extensions: int = param(2, "runs past a grid edge per knob (ρ, μ) at the grid's own ratio there; a "
+                                     "choice still on an edge after them marks the claims comparing its system "
+                                     "FRAGILE")  # fmt: skip
     importance: str = param("taylor", "importance score: |Δ ⊙ ḡ| or |Δ|", paper="[verify]", choices=IMPORTANCE)
     balancing: str = param("probe", "divergence weights from the server probe, or the cosine fallback",
                            paper="by 'contribution to global performance' [abstract]", choices=BALANCING)  # fmt: skip
-    lambda_grid: list = param([0.0, 0.25, 0.5, 1.0], "λ_t candidates (picked each round by the probe loss)",
-                              paper="[verify]")  # fmt: skip
+    lambda_grid: list = param([0.0, 0.25, 0.5, 1.0], "λ_t candidates in [0, 1] (picked each round by the probe "
+                              "loss; bounded at 1 by the definition, not extended)",
+                              paper="λ_t ∈ [0, 1] [verify]")  # fmt: skip
     temperature: float = param(1.0, "softmax temperature T of the divergence weights", paper="[verify]")
     fallback_lambda: float = param(0.5, "λ of the cosine (no server data) fallback", paper="[verify]")
     equal_weight: bool = param(False, "p_k = 1/K (else proportional to n_k)", paper="p_k ∝ n_k [verify]")
@@ -130,8 +143,12 @@ class FedICUConfig(BaseConfig):
         check_range("rho", self.rho, 0.0, 1.0, open_lo=True)
         for r in self.rho_grid:
             check_range("rho_grid entries", r, 0.0, 1.0, open_lo=True)
-        for m in self.mu_grid:
-            check_range("mu_grid entries", m, 0.0)
+        for m in self.mu_grid:  # μ = 0 is FedAvg (its own system); the search steps geometrically, so μ > 0
+            check_range("mu_grid entries", m, 0.0, open_lo=True)
+        for name, grid in (("rho_grid", self.rho_grid), ("mu_grid", self.mu_grid)):
+            if len({float(v) for v in grid}) != len(grid):
+                raise ValueError(f"{name} must hold distinct values, got {grid}")
+        check_range("knob_max_extensions", self.knob_max_extensions, 0)
         if "fedprox" in self.systems and len(self.mu_grid) != max(1, len(self.rho_grid)):
             raise ValueError(f"mu_grid must have as many values as rho_grid (equal tuning budget), got "
                              f"{len(self.mu_grid)} and {max(1, len(self.rho_grid))}")  # fmt: skip

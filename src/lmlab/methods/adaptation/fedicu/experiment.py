@@ -9,11 +9,22 @@ LoRA on the top `train_layers` blocks over a frozen trunk cached once (`lmlab.co
 initial adapter per seed, with the same local optimiser, steps and data order; the engine is
 `lmlab.core.federated.engine.simulate` (the Flower apps call the very same functions; `flower_setup` builds this
 experiment for them). Systems: FedAvg (`lmlab.core.federated.engine.FedProx` with μ = 0: FedAvg's server rule with the
-shared local optimiser), FedProx (μ picked from `mu_grid`), FedICU (ρ picked from `rho_grid`; equal tuning budget:
-both picked per seed by the final loss on the server's probe set), optional ``fedicu_cosine`` (the no-server-data
-fallback) and ``split_only`` (ρ = 1). The server probe is dev-split items of the *client* families only: the general
-families are what the general-probe metric scores, and a probe that held them would let FedICU (which consults it
-every round for λ and the divergence weights) tune on the scored families while FedAvg never sees them.
+shared local optimiser), FedProx (μ searched from `mu_grid`), FedICU (ρ searched from `rho_grid`), optional
+``fedicu_cosine`` (the no-server-data fallback, at FedICU's ρ) and ``split_only`` (ρ = 1). The server probe is
+dev-split items of the *client* families only: the general families are what the general-probe metric scores, and a
+probe that held them would let FedICU (which consults it every round for λ and the divergence weights) tune on the
+scored families while FedAvg never sees them.
+
+Knob searches (issue 34: a choice on a grid edge extends the grid, for every system), equal budget for both: on the
+first seed, each grid value is a full run scored by its final server-probe loss (lower wins); a choice on an edge of
+what was tried runs one more value past that edge at the grid's own ratio there, up to `knob_max_extensions` runs.
+μ uses the shared `lmlab.core.training.lr_search.search_lr` (a bottom-edge μ steps down towards μ = 0, which is FedAvg,
+itself run and compared); ρ uses the same rule on (0, 1] (`search_rho`: the step up is capped at ρ = 1, the dense
+upload without the mask, so a chosen ρ = 1 means the mask does not help on the probe). The other seeds run at the
+chosen values. A choice still on an edge after the cap prefixes the claims comparing its system with another trained
+system with "FRAGILE" (flags ``knob_still_on_edge``, ``fragile_claims``). λ_t is not searched this way: it is part of
+the method, picked by the server every round from `lambda_grid` ⊂ [0, 1], whose bound 1 is the definition's (see the
+config); the rounds it sits at the grid's top are counted (flag ``lambda_at_grid_top``).
 The base model (LoRA B = 0, recorded as ``round0``) is scored on every metric and is the first row of every table.
 After the last round: on held-out items of each client's family (test split), the gold answer's NLL (`domain_nll`,
 the domain-learning metric) and the 4-option log-likelihood argmax accuracy; on the general probe (families no client
@@ -35,13 +46,14 @@ import math
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from lmlab.core.stats.seeding import derive_seed
+from lmlab.core.training.lr_search import LrSearch, search_lr
 from lmlab.results import Claim
 
 DACC, DNLL, FORGET, DRIFT, PROBE = ("domain_acc", "domain_nll", "general_forgetting", "general_nll_drift",
@@ -258,6 +270,51 @@ def make_method(system: str, cfg: Any, *, rho: float | None = None, mu: float | 
     raise ValueError(f"unknown system {system!r}")
 
 
+def search_rho(dev_score: Callable[[float], float], grid: Sequence[float], *, max_extensions: int = 2) -> LrSearch:
+    """`search_lr`'s rule for FedICU's upload fraction ρ ∈ (0, 1]: ``dev_score(ρ)`` (lower is better) at every ρ of
+    `grid`; the lowest wins (a non-finite score never beats a finite one; ties go to the ρ nearest the grid's
+    geometric centre); while the choice is the smallest (largest) ρ tried, one more run at the next step down (up) by
+    the grid's own ratio at that end, `max_extensions` runs in all. The step up is capped at ρ = 1 (the dense upload:
+    no mask), and nothing lies past it: a choice of ρ = 1 is on the domain's bound, so its `edge` is None (the caller
+    reports that the mask does not help); `edge` is ``"bottom"`` / ``"top"`` only for a choice a wider search could
+    still move. Values are rounded to 12 significant digits, as `search_lr` rounds them.
+    """
+    grid = sorted(float(r) for r in grid)
+    if not grid or grid[0] <= 0 or grid[-1] > 1 or len(set(grid)) != len(grid):
+        raise ValueError(f"grid must hold distinct upload fractions in (0, 1], got {grid!r}")
+    if max_extensions < 0:
+        raise ValueError(f"max_extensions must be >= 0, got {max_extensions}")
+    down = grid[1] / grid[0] if len(grid) > 1 else 1.0
+    up = grid[-1] / grid[-2] if len(grid) > 1 else 1.0
+    centre = float(np.mean(np.log(grid)))
+    scores: dict[float, float] = {}
+    tried: list[tuple[float, float, bool]] = []
+
+    def run(r: float, extension: bool) -> None:
+        r = float(f"{r:.12g}")
+        v = float(dev_score(r))
+        scores[r] = v if math.isfinite(v) else math.inf
+        tried.append((r, v, extension))
+
+    def best() -> float:
+        return min(scores, key=lambda r: (scores[r], round(abs(math.log(r) - centre), 9)))
+
+    for r in grid:
+        run(r, False)
+    if len(grid) == 1:
+        return LrSearch(grid[0], tried, None)
+    for _ in range(max_extensions):
+        if best() == min(scores):
+            run(min(scores) / down, True)
+        elif best() == max(scores) and max(scores) < 1.0:
+            run(min(1.0, max(scores) * up), True)  # ρ = 1 is the last point up: the mask uploads everything
+        else:
+            break
+    chosen = best()
+    edge = "bottom" if chosen == min(scores) else "top" if chosen == max(scores) and chosen < 1.0 else None
+    return LrSearch(chosen, tried, edge)
+
+
 def train_seed(i: int, cfg: Any) -> int:
     return derive_seed(cfg.seed, "fedicu-train", i)
 
@@ -288,68 +345,78 @@ def run(cfg: Any, ctx: Any) -> Any:
     ctx.flag("general_probe_kept", f"{len(keep)} of {len(bank.gen_ids)} (base-correct)")
 
     systems = list(cfg.systems)
-    rhos = [float(r) for r in (cfg.rho_grid or [cfg.rho])]
-    mus = [float(m) for m in cfg.mu_grid]
-    runs: list[tuple[str, str, dict[str, Any]]] = []  # (system, variant)
-    for s in systems:
-        if s == "fedicu":
-            runs += [("fedicu", f"fedicu@rho={r:g}", {"rho": r}) for r in rhos]
-        elif s == "fedprox":
-            runs += [("fedprox", f"fedprox@mu={m:g}", {"mu": m}) for m in mus]
-        elif s != "fedicu_cosine":
-            runs.append((s, s, {}))
-    if "fedicu_cosine" in systems:
-        runs.append(("fedicu_cosine", "fedicu_cosine", {}))  # at the ρ picked for fedicu (per seed)
-
-    total = cfg.n_seeds * len(runs)
-    bar = iter(ctx.progress(range(total * cfg.rounds), "rounds (seed x run x round)", total=total * cfg.rounds))
+    rhos = sorted(float(f"{r:.12g}") for r in (cfg.rho_grid or [cfg.rho]))
+    mus = sorted(float(f"{m:.12g}") for m in cfg.mu_grid)
+    # the searched systems: (knob, first grid); the same rule and extension cap for both (equal tuning budget)
+    knobs = {s: kg for s, kg in (("fedicu", ("rho", rhos)), ("fedprox", ("mu", mus))) if s in systems}
+    n_ext = cfg.knob_max_extensions
+    n_runs = sum(len(g) + (n_ext if len(g) > 1 else 0) + cfg.n_seeds - 1 for _, g in knobs.values())
+    n_runs += cfg.n_seeds * sum(1 for s in systems if s not in knobs)  # an upper bound: extensions may stop early
+    bar = iter(ctx.progress(range(n_runs * cfg.rounds), "rounds (run x round; knob searches on seed 0)",
+                            total=n_runs * cfg.rounds))  # fmt: skip
     res: dict[tuple[str, int], dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
-    picked: dict[str, list[float]] = {"rho": [], "mu": []}
 
-    def pick(system: str, key: str, grid: list[float], i: int) -> float:
-        """The grid value whose run has the lowest final server-probe loss (ties: the first)."""
-        variants = [f"{system}@{key}={v:g}" for v in grid]
-        best = min(range(len(grid)), key=lambda j: (res[(variants[j], i)]["probe"][0], j))
-        res[(system, i)] = res[(variants[best], i)]
-        return grid[best]
+    def variant(system: str, value: float) -> str:
+        return f"{system}@{knobs[system][0]}={value:g}"
 
+    def train(system: str, label: str, i: int, **kw: float) -> dict[str, Any]:
+        """`system`'s run on seed `i` (kept as `res[(label, i)]`, run once), scored by `Scorer.full`."""
+        if (label, i) in res:
+            return res[(label, i)]
+        method = make_method(system, cfg, probe_fn=built.scorer.probe_loss, **kw)
+        t0 = time.perf_counter()
+        hist = simulate(make_setup(built, cfg, method, i), on_round=lambda _log: next(bar, None))
+        out = built.scorer.full(hist.final_state)
+        out["seconds"] = time.perf_counter() - t0
+        out["floats"] = [f for log in hist.rounds for f in log.uploaded_floats]
+        out["bytes"] = [b for log in hist.rounds for b in log.uploaded_bytes]
+        res[(label, i)] = out
+        for log in hist.rounds:
+            rows.append({"seed": i, "system": label, "round": log.round, PROBE: log.eval.get(PROBE),
+                         "uploaded_floats": int(sum(log.uploaded_floats)),
+                         "uploaded_bytes": int(sum(log.uploaded_bytes)), "seconds": round(log.seconds, 3),
+                         **{f"stat_{k}": v for k, v in log.stats.items()}})  # fmt: skip
+        return out
+
+    # each knob on the first seed: a grid value's score is its run's final server-probe loss (client families' dev
+    # items; the test items never choose); a choice on an edge extends the grid past it (μ: `search_lr`, towards
+    # μ -> 0 = FedAvg below; ρ: `search_rho`, capped at ρ = 1 = no mask above)
+    searches: dict[str, LrSearch] = {}
+    for system, (key, grid) in knobs.items():
+
+        def dev_score(v: float, system: str = system, key: str = key) -> float:
+            return float(train(system, variant(system, v), 0, **{key: v})["probe"][0])
+
+        searches[system] = (search_rho if key == "rho" else search_lr)(dev_score, grid, max_extensions=n_ext)
+    chosen = {s: {key: searches[s].chosen} for s, (key, _) in knobs.items()}
     for i in range(cfg.n_seeds):
-        for system, variant, kw in runs:
-            if system == "fedicu_cosine":  # the fallback at the rho picked for fedicu in this seed
-                kw = {"rho": pick("fedicu", "rho", rhos, i) if "fedicu" in systems else rhos[0]}
-            method = make_method(system, cfg, probe_fn=built.scorer.probe_loss, **kw)
-            t0 = time.perf_counter()
-            hist = simulate(make_setup(built, cfg, method, i), on_round=lambda _log: next(bar, None))
-            out = built.scorer.full(hist.final_state)
-            out["seconds"] = time.perf_counter() - t0
-            out["floats"] = [f for log in hist.rounds for f in log.uploaded_floats]
-            out["bytes"] = [b for log in hist.rounds for b in log.uploaded_bytes]
-            res[(variant, i)] = out
-            for log in hist.rounds:
-                rows.append({"seed": i, "system": variant, "round": log.round, PROBE: log.eval.get(PROBE),
-                             "uploaded_floats": int(sum(log.uploaded_floats)),
-                             "uploaded_bytes": int(sum(log.uploaded_bytes)), "seconds": round(log.seconds, 3),
-                             **{f"stat_{k}": v for k, v in log.stats.items()}})  # fmt: skip
-        for system, key, grid in (("fedicu", "rho", rhos), ("fedprox", "mu", mus)):
-            if system in systems:
-                picked[key].append(pick(system, key, grid, i))
+        for s in systems:
+            if s in knobs:  # seed 0 reuses its search run at the chosen value
+                res[(s, i)] = train(s, variant(s, searches[s].chosen), i, **chosen[s])
+            elif s == "fedicu_cosine":  # the fallback at FedICU's chosen ρ
+                res[(s, i)] = train(s, s, i, rho=searches["fedicu"].chosen if "fedicu" in knobs else rhos[0])
+            else:
+                res[(s, i)] = train(s, s, i)
     # the base model's rows first: every system starts each seed from it (round 0, nothing uploaded yet)
     base_rows = [{"seed": i, "system": BASE, "round": 0, PROBE: built.base["probe"][0], "uploaded_floats": 0,
                   "uploaded_bytes": 0, "seconds": 0.0} for i in range(cfg.n_seeds)]  # fmt: skip
     ctx.table("rounds", [*base_rows, *rows])
-    ctx.flag("picked_rho_per_seed", picked["rho"])
-    if "fedprox" in systems:
-        ctx.flag("picked_mu_per_seed", picked["mu"])
+    b0 = built.base
+    edges = _record_searches(ctx, cfg, knobs, searches, res, variant, b0, keep)
+    if "fedicu" in knobs and cfg.balancing == "probe":
+        top = max(float(x) for x in cfg.lambda_grid)
+        lams = [r["stat_lambda"] for r in rows if r["system"] == variant("fedicu", searches["fedicu"].chosen)]
+        ctx.flag("lambda_at_grid_top", f"{sum(lam == top for lam in lams)} of {len(lams)} rounds at λ = {top:g} "
+                 "(FedICU at its chosen ρ, every seed; [0, 1] is the definition's range, not extended)")  # fmt: skip
     ctx.flag("server_probe_families", sorted(set(bank.probe_family)))
 
     seeds = range(cfg.n_seeds)
     d_clusters = [f"s{i}/{f}" for i in seeds for f in bank.eval_family]  # seed x client
     g_clusters = [bank.gen_ids[j] for _ in seeds for j in keep]  # probe item (seeds nested)
-    names = [*systems, *[v for _, v, _ in runs if v not in systems]]
+    names = systems  # the losing knob values ran on the first seed only: table ``knob_search``
     # the base model: the same values for every seed, repeated to pair with the seeds' runs (recorded first, so it is
     # the first row of the metrics table); its drift and forgetting are 0 by definition
-    b0 = built.base
     ctx.record(BASE, DNLL, [v for _ in seeds for v in b0["domain_nll"]], clusters=d_clusters, unit="nats",
                note="the base model (LoRA B = 0): held-out domain gold-answer NLL")  # fmt: skip
     ctx.record(BASE, DACC, [h for _ in seeds for h in b0["domain_hits"]], clusters=d_clusters,
@@ -388,13 +455,61 @@ def run(cfg: Any, ctx: Any) -> Any:
     ctx.note(f"{cfg.faithful_label}: LoRA r={cfg.rank} on {', '.join(cfg.target_modules)} of the top "
              f"{cfg.train_layers} blocks ({d} params); {len(built.clients)} non-IID clients "
              f"({', '.join(cfg.clients)}), {cfg.rounds} rounds x {cfg.local_steps} {cfg.optimizer} steps of "
-             f"{cfg.local_batch}; rho from {rhos}, FedProx mu from {mus} (picked per seed by the server probe: "
-             f"{len(bank.probe)} dev items of the client families); general probe: {len(keep)} base-correct items of "
+             f"{cfg.local_batch}; rho from {rhos}, FedProx mu from {mus}, each extended past an edge up to "
+             f"{n_ext} runs (chosen on the first seed by the server probe: {len(bank.probe)} dev items of the client "
+             f"families); general probe: {len(keep)} base-correct items of "
              f"{', '.join(cfg.general_families)}.")  # fmt: skip
-    return ctx.finish(claims(cfg, systems))
+    out = claims(cfg, systems, edges)
+    ctx.flag("fragile_claims", [c.text for c in out if c.text.startswith("FRAGILE")])
+    return ctx.finish(out)
 
 
-def claims(cfg: Any, systems: Sequence[str]) -> list[Claim]:
+def _record_searches(ctx: Any, cfg: Any, knobs: Mapping[str, tuple[str, list[float]]],
+                     searches: Mapping[str, LrSearch], res: Mapping[tuple[str, int], dict[str, Any]],
+                     variant: Callable[[str, float], str], b0: Mapping[str, list[float]],
+                     keep: Sequence[int]) -> dict[str, str]:  # fmt: skip
+    """The knob searches' table ``knob_search`` (every value tried on the first seed: its probe loss, extension,
+    domain NLL, general-probe drift and floats), the flags ``picked_rho`` / ``picked_mu``, ``knob_search``,
+    ``knob_still_on_edge`` and ``rho_no_mask_best``, and a note per edge; returns {system: edge} of the choices still
+    on an edge after the extensions."""
+    table, summary = [], {}
+    for system, (key, grid) in knobs.items():
+        found = searches[system]
+        for v, score, ext in found.tried:
+            out = res[(variant(system, v), 0)]
+            table.append({"system": system, "knob": key, "value": v, PROBE: score, "extension": ext,
+                          "chosen": v == found.chosen, DNLL: float(np.mean(out["domain_nll"])),
+                          DRIFT: float(np.mean([out["gen_nll"][j] - b0["gen_nll"][j] for j in keep])),
+                          "uploaded_floats": float(np.mean(out["floats"]))})  # fmt: skip
+        summary[system] = {"knob": key, "grid": list(grid), "tried": [v for v, _, _ in found.tried],
+                           "chosen": found.chosen, "extensions": found.extensions, "edge": found.edge}  # fmt: skip
+        ctx.flag(f"picked_{key}", found.chosen)
+    if "fedprox" in summary:  # the limit of a bottom-edge μ: FedAvg, run as its own system
+        summary["fedprox"]["mu0_is_fedavg_probe_loss"] = float(res[("fedavg", 0)]["probe"][0])
+    ctx.table("knob_search", table)
+    ctx.flag("knob_search", summary)
+    edges = {s: f.edge for s, f in searches.items() if f.edge is not None}
+    ctx.flag("knob_still_on_edge", edges)
+    for system, edge in edges.items():
+        key = knobs[system][0]
+        ctx.note(f"{system}: the probe's choice {key} = {searches[system].chosen:g} is still the {edge} of its search "
+                 f"after {searches[system].extensions} extension(s) (knob_max_extensions={cfg.knob_max_extensions}); "
+                 "the claims comparing it with another trained system are marked FRAGILE.")  # fmt: skip
+    if "fedicu" in searches:
+        no_mask = searches["fedicu"].chosen >= 1.0
+        ctx.flag("rho_no_mask_best", no_mask)
+        if no_mask:
+            ctx.note("FedICU's probe choice is rho = 1 (the dense upload): the importance mask does not help on "
+                     "the server probe; FedICU here is consensus / divergence splitting with probe balancing "
+                     "only.")  # fmt: skip
+    return edges
+
+
+def claims(cfg: Any, systems: Sequence[str], edges: Mapping[str, str] | None = None) -> list[Claim]:
+    """The run's checks. `edges`: {system: "bottom" | "top"} for a knob choice still on an edge of its search
+    (`LrSearch.edge`); every check comparing such a system with another trained system gets the prefix "FRAGILE": a
+    wider search could move that system, and the comparison with it (the checks against the base model, which no
+    search can reverse, and the by-construction mechanism are not marked)."""
     lab = cfg.faithful_label
     out = [
         # the training gate first: a general-probe check alone can be won by a system that moves (and learns) less
@@ -451,7 +566,25 @@ def claims(cfg: Any, systems: Sequence[str]) -> list[Claim]:
     out.append(Claim("uploaded_floats", "fedicu", "fedavg", "<", paired=False, mechanism=True,
                      text="FedICU uploads fewer floats per client-round than FedAvg (top-rho mask; by "
                           "construction)"))  # fmt: skip
-    return out
+    return [_fragile(c, cfg, edges or {}) for c in out]
+
+
+def _fragile(claim: Claim, cfg: Any, edges: Mapping[str, str]) -> Claim:
+    """`claim` with the "FRAGILE (...)" prefix when it compares two trained systems and either one's knob choice is
+    still on an edge of its search (see `claims`)."""
+    if claim.mechanism or BASE in (claim.method, claim.baseline):
+        return claim
+    searched = {"fedicu_cosine": "fedicu"}  # the fallback runs at FedICU's chosen ρ
+    why = []
+    for s in (searched.get(claim.method, claim.method), searched.get(claim.baseline, claim.baseline)):
+        if s in edges:
+            knob = "FedProx's mu" if s == "fedprox" else "FedICU's rho"
+            limit = "; mu -> 0 is FedAvg, checked on its own" if s == "fedprox" and edges[s] == "bottom" else ""
+            why.append(f"{knob} is still the {edges[s]} of its probe search{limit}")
+    if not why:
+        return claim
+    prefix = f"FRAGILE ({'; '.join(why)} after {cfg.knob_max_extensions} extensions): "
+    return replace(claim, text=prefix + claim.text)
 
 
 def _figure(ctx: Any, cfg: Any, names: Sequence[str]) -> None:
