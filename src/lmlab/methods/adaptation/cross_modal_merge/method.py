@@ -263,7 +263,7 @@ def task_vector_norms(
     if not tau_a and not tau_b:
         raise ValueError("both task vectors are empty; expected dicts of tensors (τ = θ − θ_base)")
     sq_a = sq_b = dot = 0.0
-    for k in set(tau_a) | set(tau_b):
+    for k in sorted(set(tau_a) | set(tau_b)):  # a fixed order: a set's varies between processes (str hashing)
         a, b = tau_a.get(k), tau_b.get(k)
         if a is not None and b is not None and tuple(a.shape) != tuple(b.shape):
             raise ValueError(f"{k}: shape {tuple(a.shape)} vs {tuple(b.shape)}; the task vectors must share a base")
