@@ -19,8 +19,8 @@ class IBCircuitConfig(BaseConfig):
     of each head's output over the fit prompts) at every circuit size in `ks`. Prompts are the independent unit.
     Gated on IOI: |F − 1| (F the normalised faithfulness, mean over `ks`) and KL, each below every baseline's.
 
-    Budget: the default preset is in the 5-minute class (142 s measured at n_eval = 16, 2026-12-04; ~170 s
-    estimated at n_eval = 48).
+    Budget: meant for the 5-minute class (142 s measured at n_eval = 16, 2026-12-04; ~170 s estimated at n_eval =
+    48); the n_eval = 48 run of 2026-12-07 took 337 s contended (load ~3.5 on 2 cores): a quiet time is still due.
 
     Args:
         tasks (`list[str]`): among ``induction`` (hand-built 2-layer model with known heads), ``ioi``,
