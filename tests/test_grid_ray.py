@@ -69,11 +69,11 @@ def _lmlab(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "lmlab", "reproduce", "--preset", "smoke", "--only", *CHEAP, "--seeds", *SEEDS,
            "--models", "tiny-llama", "--threads", "1", "--no-progress", *args]  # fmt: skip
     env = {**os.environ, "LMLAB_NO_PROGRESS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.mark.loopback
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # three CLI runs of ~15 s each alone; several times that beside other jobs
 def test_ray_executor_matches_local(ray_head, tmp_path, comparable):
     ray_out, local_out = tmp_path / "ray", tmp_path / "local"
     proc = _lmlab("--out", str(ray_out), "--executor", "ray", "--address", ray_head)
