@@ -42,7 +42,13 @@ class LrSearch:
         return sum(1 for *_, ext in self.tried if ext)
 
 
-def search_lr(dev_score: Callable[[float], float], grid: Sequence[float], *, max_extensions: int = 2) -> LrSearch:
+def search_lr(
+    dev_score: Callable[[float], float],
+    grid: Sequence[float],
+    *,
+    max_extensions: int = 2,
+    upper: float | None = None,
+) -> LrSearch:
     """The same dev search for every system: ``dev_score(m)`` (lower is better) of each multiplier `m` of `grid`.
 
     The lowest score wins; a non-finite score (a diverged run) never beats a finite one; ties go to the multiplier
@@ -51,10 +57,16 @@ def search_lr(dev_score: Callable[[float], float], grid: Sequence[float], *, max
     (``grid[1] / grid[0]``, ``grid[-1] / grid[-2]``), `max_extensions` runs in all; a one-point grid is not searched.
     The grid's values may be learning rates themselves rather than multipliers of one: only their ratios matter.
     Values are rounded to 12 significant digits (0.1 / 10 stays 0.01), so an extension is a stable dict key.
+
+    `upper` (optional) is a bound of the knob's domain (FedICU's upload fraction ρ <= 1): the grid must stay within
+    it, the step up is capped at it and nothing lies past it, so a choice at `upper` is on the domain's bound, not
+    on an edge a wider search could move (its `edge` is None).
     """
     grid = sorted(float(m) for m in grid)
     if not grid or grid[0] <= 0 or len(set(grid)) != len(grid):
         raise ValueError(f"grid must hold distinct positive multipliers, got {grid!r}")
+    if upper is not None and grid[-1] > upper:
+        raise ValueError(f"grid must lie within its bound {upper:g}, got {grid!r}")
     if max_extensions < 0:
         raise ValueError(f"max_extensions must be >= 0, got {max_extensions}")
     down = grid[1] / grid[0] if len(grid) > 1 else 1.0
@@ -79,10 +91,11 @@ def search_lr(dev_score: Callable[[float], float], grid: Sequence[float], *, max
     for _ in range(max_extensions):
         if best() == min(scores):
             run(min(scores) / down, True)
-        elif best() == max(scores):
-            run(max(scores) * up, True)
+        elif best() == max(scores) and (upper is None or max(scores) < upper):
+            run(max(scores) * up if upper is None else min(upper, max(scores) * up), True)
         else:
             break
     chosen = best()
-    edge = "bottom" if chosen == min(scores) else "top" if chosen == max(scores) else None
+    at_top = chosen == max(scores) and (upper is None or chosen < upper)
+    edge = "bottom" if chosen == min(scores) else "top" if at_top else None
     return LrSearch(chosen, tried, edge)

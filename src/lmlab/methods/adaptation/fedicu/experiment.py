@@ -282,37 +282,7 @@ def search_rho(dev_score: Callable[[float], float], grid: Sequence[float], *, ma
     grid = sorted(float(r) for r in grid)
     if not grid or grid[0] <= 0 or grid[-1] > 1 or len(set(grid)) != len(grid):
         raise ValueError(f"grid must hold distinct upload fractions in (0, 1], got {grid!r}")
-    if max_extensions < 0:
-        raise ValueError(f"max_extensions must be >= 0, got {max_extensions}")
-    down = grid[1] / grid[0] if len(grid) > 1 else 1.0
-    up = grid[-1] / grid[-2] if len(grid) > 1 else 1.0
-    centre = float(np.mean(np.log(grid)))
-    scores: dict[float, float] = {}
-    tried: list[tuple[float, float, bool]] = []
-
-    def run(r: float, extension: bool) -> None:
-        r = float(f"{r:.12g}")
-        v = float(dev_score(r))
-        scores[r] = v if math.isfinite(v) else math.inf
-        tried.append((r, v, extension))
-
-    def best() -> float:
-        return min(scores, key=lambda r: (scores[r], round(abs(math.log(r) - centre), 9)))
-
-    for r in grid:
-        run(r, False)
-    if len(grid) == 1:
-        return LrSearch(grid[0], tried, None)
-    for _ in range(max_extensions):
-        if best() == min(scores):
-            run(min(scores) / down, True)
-        elif best() == max(scores) and max(scores) < 1.0:
-            run(min(1.0, max(scores) * up), True)  # ρ = 1 is the last point up: the mask uploads everything
-        else:
-            break
-    chosen = best()
-    edge = "bottom" if chosen == min(scores) else "top" if chosen == max(scores) and chosen < 1.0 else None
-    return LrSearch(chosen, tried, edge)
+    return search_lr(dev_score, grid, max_extensions=max_extensions, upper=1.0)
 
 
 def train_seed(i: int, cfg: Any) -> int:
