@@ -132,3 +132,13 @@ def seeded_rng(seed: int, *names: str | int | float | bool | None) -> np.random.
 
 
 __all__ = ["SEED_SPACE", "THREAD_ENV_VARS", "derive_seed", "seeded_rng", "set_seed", "set_threads"]
+
+
+def least_favourable_seed(effects: list[float] | tuple[float, ...], direction: str) -> int:
+    """Index of the training seed whose mean effect (method - baseline) is least in a claim's `direction` (``"<"``:
+    the largest effect; ``">"``: the smallest); ties: the last. An every-seed sign check reads this seed alone: the
+    claim holding there implies every seed's mean has the claim's sign."""
+    if direction not in ("<", ">"):
+        raise ValueError(f"direction must be '<' or '>', got {direction!r}")
+    sign = 1.0 if direction == "<" else -1.0
+    return max(range(len(effects)), key=lambda k: (sign * effects[k], k))

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.stats.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed, least_favourable_seed
 from lmlab.core.training.lr_search import LrSearch, search_lr  # moved to core (shared with nonzero_lora)
 from lmlab.results import Claim
 
@@ -146,13 +146,6 @@ def train_seeds(cfg: Any) -> list[int]:
 def seed_effects(method: Sequence[Sequence[float]], baseline: Sequence[Sequence[float]]) -> list[float]:
     """Per training seed k: mean_i method[k][i] - mean_i baseline[k][i] (per-item values of seed k, same items)."""
     return [float(np.mean(a) - np.mean(b)) for a, b in zip(method, baseline, strict=True)]
-
-
-def least_favourable_seed(effects: Sequence[float], direction: str) -> int:
-    """The seed whose mean effect is least in the claim's `direction` (``"<"``: the largest effect); ties: the
-    last."""
-    sign = 1.0 if direction == "<" else -1.0
-    return max(range(len(effects)), key=lambda k: (sign * effects[k], k))
 
 
 def seed_system(system: str, k: int) -> str:

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmlab.core.stats.seeding import derive_seed
+from lmlab.core.stats.seeding import derive_seed, least_favourable_seed
 from lmlab.core.training.lora import PaddedCache, answer_scores, index_batches  # noqa: F401 (moved; re-exported)
 from lmlab.core.training.lr_search import LrSearch, search_lr
 from lmlab.results import Claim
@@ -378,7 +378,7 @@ def claims(cfg: Any, lrs: list[float], best: Mapping[str, float], per_seed: Mapp
                         f"below zero init (per-seed effects {seeds_txt})")  # fmt: skip
             out.append(Claim(NLL, system(mode, lr), system("zero", lr), "<", text=text))
             if len(eff) >= 2:
-                w = max(range(len(eff)), key=lambda k: (eff[k], k))  # the seed least in favour of the claim
+                w = least_favourable_seed(eff, "<")
                 n_sign = sum(e < 0 for e in eff)
                 out.append(Claim(NLL, seed_system(mode, lr, w), seed_system("zero", lr, w), "<",
                                  text=f"same sign in every seed at lr {lr:g} ({n_sign} of {len(eff)} seed means "
