@@ -69,11 +69,47 @@ def test_rescaled_range_and_peak_probability_of_a_hand_computed_window():
     # y = [1,2,3,4] - 2.5 -> cumsum [-1.5, -2, -1.5, 0] -> R = 2; S = sqrt(1.25)
     assert t.rescaled_range()[0, 1] == pytest.approx(2.0 / math.sqrt(1.25))
     assert t.rs_count[0, 1] == 7
-    # X = cumsum of the z-scored series; |X_4 - X_0| = |z_1 + ... + z_4| = 2 / sqrt(2) < eps = 2: every offset hits
+    # X = cumsum of the z-scored series; |X_4 - X_0| = |z_1 + ... + z_4| = 2 / sqrt(2) < eps = 2: the one offset hits
     assert t.peak_probability()[0, 1] == pytest.approx(1.0)
     tight = ft.fractal_table([x], scales=(2, 4), taus=(2, 4), samples_per_doc=7, eps=1.0, seed=0)
     # |dX| = 1.41 > eps = 1: no hit at all, which counts as 0.5 hits (a finite log for the fit)
-    assert tight.peak_probability()[0, 1] == pytest.approx(0.5 / 7)
+    assert tight.peak_probability()[0, 1] == pytest.approx(0.5 / 1)
+    # the notebook's draw: samples_per_doc random offsets, here all at the only offset 0
+    drawn = ft.fractal_table([x], scales=(2, 4), taus=(2, 4), samples_per_doc=7, eps=1.0, seed=0,
+                             selfsim_offsets="random")  # fmt: skip
+    assert drawn.hit_count[0, 1] == 7 and drawn.peak_probability()[0, 1] == pytest.approx(0.5 / 7)
+
+
+def test_self_similarity_counts_every_offset_of_every_document():
+    # z-scored [1..5] = [-2, -1, 0, 1, 2] / sqrt(2); X = [-1.41, -2.12, -2.12, -1.41, 0]
+    # tau = 2: X_2 - X_0 = -0.71, X_3 - X_1 = +0.71, X_4 - X_2 = +2.12 -> 2 hits of 3 offsets at eps = 1
+    x = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    t = ft.fractal_table([x, x[::-1].copy()], scales=(2, 4), taus=(2, 4), samples_per_doc=50, eps=1.0, seed=0)
+    np.testing.assert_array_equal(t.hit_count, [[3, 1], [3, 1]])  # T_d - tau offsets per document, not 50 draws
+    np.testing.assert_array_equal(t.hit_sum[:, 0], [2, 2])
+    assert t.peak_probability()[0, 0] == pytest.approx(4 / 6)  # pooled over the offsets of both documents
+    # nothing random is left in S: the window seed moves H's windows only
+    docs = _fgn(0.7, docs=12, n=224, seed=11)
+    s0, s1 = (ft.fractal_table(docs, seed=k).selfsim()[0] for k in (0, 1))
+    assert s0 == s1
+    r0, r1 = (ft.fractal_table(docs, seed=k, selfsim_offsets="random").selfsim()[0] for k in (0, 1))
+    assert r0 != r1
+
+
+def test_self_similarity_noise_at_the_default_collection_size():
+    """S of one collection the size of the default's (12 documents x 224 positions), redrawn 40 times.
+
+    Measured with 200 draws: white noise S = 0.48 (SD 0.080) over every offset, 0.50 (SD 0.127) from 100 random
+    offsets per lag (the notebook's draw, this method's estimator before issue 35); fGn H = 0.8: SD 0.116 vs 0.162."""
+    taus = (1, 2, 4, 8, 16, 32, 64)
+    every, drawn = [], []
+    for r in range(40):
+        docs = _fgn(0.5, docs=12, n=224, seed=100 + r)
+        for mode, out in (("all", every), ("random", drawn)):
+            out.append(ft.fractal_table(docs, scales=(16, 128), taus=taus, seed=r, selfsim_offsets=mode).selfsim()[0])
+    assert abs(np.mean(every) - 0.5) < 0.06
+    assert np.std(every, ddof=1) < 0.1
+    assert np.std(every, ddof=1) < 0.8 * np.std(drawn, ddof=1)
 
 
 def test_constant_windows_are_skipped_and_counted():
@@ -189,7 +225,8 @@ def test_bits_series_drops_prompt_and_warm_up_tokens(tiny_llama, tiny_tokenizer)
 
 
 def test_decoder_log_probs_are_the_scorer_bits_of_its_own_generation(tiny_llama, tiny_tokenizer):
-    """The experiment scores the scorer's own generations with the log-probs the decoder recorded."""
+    """For the same tokens and context the decoder's log-probs are the scorer's bits, so what the experiment's one
+    scoring procedure changes for the scorer's own text is its re-tokenisation and its context, nothing else."""
     from lmlab.core.inference.generation import decode_batch
 
     prompts = [[1] + list(tiny_tokenizer("abc def", add_special_tokens=False)["input_ids"]), [1, 70, 71]]
@@ -218,6 +255,8 @@ def test_bad_series_and_grids_are_refused():
     assert ft.usable([np.ones(200), np.arange(200.0), np.arange(10.0)], (8, 16), (1, 2)) == [False, True, False]
     with pytest.raises(ValueError, match="hurst must be in"):
         ft.fractional_gaussian_noise(64, 1.0)
+    with pytest.raises(ValueError, match="selfsim_offsets must be one of all, random"):
+        ft.fractal_table(_fgn(0.5, docs=2, n=200), selfsim_offsets="some")
 
 
 @pytest.mark.parametrize(
@@ -235,6 +274,8 @@ def test_bad_series_and_grids_are_refused():
         ({"max_new_tokens": 64}, "max_new_tokens must be in"),
         ({"eps": 0.0}, "eps must be in"),
         ({"folds": 1}, "folds must be in"),
+        ({"selfsim_offsets": "every"}, "selfsim_offsets must be one of all, random"),
+        ({"calibration_draws": 1}, "calibration_draws must be in"),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(override, message):
@@ -244,3 +285,54 @@ def test_config_rejects_bad_values_naming_the_field(override, message):
 
 def test_parse_condition():
     assert parse_condition("instruction@1.5") == ("instruction", 1.5)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the experiment's scoring and claims
+
+
+def test_every_generator_is_scored_by_one_procedure(tiny_llama, tiny_tokenizer):
+    """The scorer's own generation and another model's identical generation get identical bits.
+
+    Before issue 35 the scorer's own text was scored by the decoder's log-probs in its chat-template context, any
+    other generator's by re-tokenising it with the plain request as context: two regimes inside one gated check."""
+    from types import SimpleNamespace
+
+    from lmlab.core.inference.tiny import make_tiny_llama
+    from lmlab.methods.analysis.fractal_text.experiment import Doc, _generate
+
+    twin = make_tiny_llama(seed=0)  # the scorer's weights in another model object: "another generator"
+    cfg = FractalTextConfig(scales=[4, 8], taus=[1, 2], max_new_tokens=24, drop_first=4, window=128, batch_size=2,
+                            score_batch_size=2)  # fmt: skip
+    ctx = SimpleNamespace(meter=None)
+    text = "the quick brown fox jumps over the lazy dog"
+    ids = list(tiny_tokenizer(text, add_special_tokens=False)["input_ids"])
+    prompts = [(Doc("human_stdlib", f"d{i}", f"stdlib:mod{i}", text, np.zeros(0)), ids) for i in range(2)]
+    for style in ("instruction", "prefix"):
+        own = _generate(cfg, ctx, ("a", tiny_llama, tiny_tokenizer), (tiny_llama, tiny_tokenizer), prompts, style,
+                        1.5, "sys")  # fmt: skip
+        other = _generate(cfg, ctx, ("b", twin, tiny_tokenizer), (tiny_llama, tiny_tokenizer), prompts, style, 1.5,
+                          "sys")  # fmt: skip
+        for a, b in zip(own, other):
+            assert a.text == b.text  # same weights, same seed: the same sample
+            np.testing.assert_allclose(a.bits, b.bits, atol=1e-6)
+
+
+def test_the_detection_ablation_against_mean_and_std_is_gated():
+    """[mean, std, H, S] must beat [mean, std] too: the check against [mean bits] alone cannot tell H and S's gain
+    from the std's (the measured 0.768 vs 0.768)."""
+    from types import SimpleNamespace
+
+    from lmlab.methods.analysis.fractal_text.experiment import _claims
+
+    metrics = {(fs, "auroc") for fs in ("mean_bits_only", "first_order", "fractal_features")}
+
+    def values(system, metric):
+        if (system, metric) not in metrics:
+            raise KeyError((system, metric))
+        return [0.5]
+
+    ctx = SimpleNamespace(values=values, note=lambda text: None)
+    claims = _claims(FractalTextConfig(), ctx, {}, "smollm2")
+    gated = {c.baseline for c in claims if c.metric == "auroc" and c.method == "fractal_features" and c.gate}
+    assert gated == {"mean_bits_only", "first_order"}

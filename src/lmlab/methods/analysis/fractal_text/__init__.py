@@ -19,9 +19,10 @@ SPEC = register_method(
             "The fractal parameters of human text (Hurst H and self-similarity S of its bits-per-token series) sit "
             "in a narrow range, while those of LLM generations move with the decoding temperature and the prompt "
             "(lower temperature: higher H), an instruction-tuned generator strays further from human text than a "
-            "pretrained one, and (H, S) beside mean bits detect LLM text better than mean bits alone."
+            "pretrained one, and (H, S) beside the first-order statistics of the bits detect LLM text better than "
+            "mean bits alone and than [mean, std] of the bits."
         ),
-        baselines=("mean_bits_only", "human_text"),
+        baselines=("mean_bits_only", "first_order", "human_text"),
         default_model="smollm2-135m",
         suites=("corpus",),
         presets={
@@ -39,6 +40,7 @@ SPEC = register_method(
                 "samples_per_doc": 20,
                 "eps": 0.2,
                 "n_boot": 100,
+                "calibration_draws": 4,
                 "folds": 3,
                 "batch_size": 6,
                 **_SMOKE_GRID,
@@ -56,6 +58,7 @@ SPEC = register_method(
                 "taus": [1, 2, 4, 8, 16, 32],
                 "folds": 4,
                 "n_boot": 500,
+                "calibration_draws": 10,
             },
         },
         budget_s={"smoke": 10.0, "quick": 60.0, "default": 300.0},

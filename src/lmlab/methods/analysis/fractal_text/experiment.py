@@ -7,9 +7,11 @@
    `drop_first` scorer tokens (so human and LLM series start after the same context: the human continuation vs the
    LLM continuation, as in GAGLE). ``instruction``: "Write a detailed technical article about the Python module X."
    in the generator's chat template (plain ``Question:/Answer:`` for a base model). Sampling at each temperature on
-   the fast engine (`decode_batch`), EOS allowed. A generation by the scorer itself is scored by the log-probs the
-   decoder recorded (the raw distribution of the same forward pass, prompt as context); any other generator's text
-   is re-tokenised and scored by the scorer with the prompt as context (cross-scoring), prompt tokens excluded.
+   the fast engine (`decode_batch`), EOS allowed. Every generator's text, the scorer's own included, goes through
+   one procedure: re-tokenised by the scorer and scored with the same context (the prefix text, or the plain
+   request), prompt tokens excluded (`bits_series`). The decoder's own log-probs are never used: they would score
+   the scorer's generations in its chat-template context and its sampled (not re-tokenised) tokens, a different
+   regime from every other generator's.
 3. Per system (a human domain or a generator x prompt style x temperature): documents shorter than the largest
    scale, or constant, are dropped and counted; H and S are pooled over all windows of all documents (`method`),
    with a cluster-bootstrap CI, and recorded as leave-one-cluster-out jackknife pseudo-values (one value per
@@ -33,7 +35,6 @@ import numpy as np
 
 from lmlab.methods.analysis.fractal_text.config import parse_condition
 from lmlab.methods.analysis.fractal_text.method import (
-    LOG2,
     FractalTable,
     bits_series,
     bootstrap_ci,
@@ -79,7 +80,6 @@ class System:
     generator: str = ""
     style: str = ""
     temperature: float | None = None
-    self_scored: bool = False
     docs: list[Doc] = field(default_factory=list)
     table: FractalTable | None = None
     hurst: tuple[float, float, float] | None = None  # point, ci_low, ci_high
@@ -159,9 +159,13 @@ def _generate(
     style: str,
     temperature: float,
     system: str,
-) -> tuple[list[Doc], bool]:
-    """Sample one document per prompt and turn it into the scorer's bits series (and whether it was self-scored)."""
-    from lmlab.core.inference.engine import default_engine
+) -> list[Doc]:
+    """Sample one document per prompt and score its text with the fixed scorer (one procedure for every generator).
+
+    The scorer sees ``[BOS] + context + text`` re-tokenised (`bits_series`), whichever model generated the text:
+    the context is the prefix text (``prefix``) or the plain request (``instruction``), never a generator's chat
+    template, so the bits of two generators differ by their text only.
+    """
     from lmlab.core.inference.generation import decode_batch
     from lmlab.core.inference.scoring import chat_prompt, encode_prompt
     from lmlab.core.stats.seeding import derive_seed
@@ -169,12 +173,12 @@ def _generate(
     label, gm, gtok = gen
     sm, stok = scorer
     start = start_token(stok)
-    # the decoder's log-probs are the scorer's own only for the same fp32 model (int4 weights would differ)
-    self_scored = gm is sm and default_engine() != "fast-int4"
     names = [d.cluster.split(":", 1)[-1] for d, _ in prompts]
     if style == "prefix":
         contexts = [stok.decode(ids[: cfg.drop_first]) for _, ids in prompts]  # the text both models continue
-        gen_prompts: list[Any] = [[start] + ids[: cfg.drop_first] for _, ids in prompts] if self_scored else contexts
+        # a generator with the scorer's tokenizer continues exactly the tokens the scorer conditions on
+        same_tokens = gtok is stok
+        gen_prompts: list[Any] = [[start] + ids[: cfg.drop_first] for _, ids in prompts] if same_tokens else contexts
     else:
         requests = [INSTRUCTION.format(name=n) for n in names]
         contexts = [f"{r}\n\n" for r in requests]  # what a cross-scorer sees as context: the plain request
@@ -182,19 +186,12 @@ def _generate(
     outs = decode_batch(gm, gtok, gen_prompts, max_new_tokens=cfg.max_new_tokens, do_sample=True,
                         temperature=temperature, seed=derive_seed(cfg.seed, "generate", system),
                         batch_size=cfg.batch_size, meter=ctx.meter, meter_name=label)  # fmt: skip
-    if self_scored:
-        series = []
-        for o, p in zip(outs, gen_prompts):
-            lps = np.asarray(o.token_logprobs[:-1] if o.stop_reason == "eos" else o.token_logprobs, dtype=np.float64)
-            # document positions exclude the start token; positions < drop_first are warm-up
-            series.append(-lps[max(0, cfg.drop_first - (len(p) - 1)) :] / LOG2)
-    else:
-        series = bits_series(sm, stok, [o.text for o in outs], prompts=contexts, window=cfg.window,
-                             drop_first=cfg.drop_first, batch_size=cfg.score_batch_size)  # fmt: skip
+    series = bits_series(sm, stok, [o.text for o in outs], prompts=contexts, window=cfg.window,
+                         drop_first=cfg.drop_first, batch_size=cfg.score_batch_size)  # fmt: skip
     return [
         Doc(system, f"{system}/{d.cluster}", d.cluster, o.text, s, stop=o.stop_reason)
         for (d, _), o, s in zip(prompts, outs, series)
-    ], self_scored
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -220,7 +217,8 @@ def _estimate(cfg: Any, ctx: Any, sys: System) -> None:
         return
     seed = derive_seed(cfg.seed, "windows", sys.name)
     sys.table = t = fractal_table([d.bits for d in docs], scales=cfg.scales, taus=cfg.taus,
-                                  samples_per_doc=cfg.samples_per_doc, eps=cfg.eps, seed=seed)  # fmt: skip
+                                  samples_per_doc=cfg.samples_per_doc, eps=cfg.eps, seed=seed,
+                                  selfsim_offsets=cfg.selfsim_offsets)  # fmt: skip
     clusters = [d.cluster for d in docs]
     boot_seed = derive_seed(cfg.seed, "bootstrap", sys.name)
     sys.hurst = bootstrap_ci(t, "hurst", clusters, n_boot=cfg.n_boot, seed=boot_seed)
@@ -292,7 +290,7 @@ def _detection(cfg: Any, ctx: Any, human: System, llm: list[System]) -> dict[str
     if not docs:
         return {}
     t = fractal_table(cut, scales=cfg.scales, taus=cfg.taus, samples_per_doc=cfg.samples_per_doc, eps=cfg.eps,
-                      seed=derive_seed(cfg.seed, "detection"))  # fmt: skip
+                      seed=derive_seed(cfg.seed, "detection"), selfsim_offsets=cfg.selfsim_offsets)  # fmt: skip
     h_doc, s_doc = t.per_document()
     feats = np.column_stack([[c.mean() for c in cut], [c.std() for c in cut], h_doc, s_doc])
     finite = np.all(np.isfinite(feats), 1)
@@ -372,10 +370,8 @@ def run(cfg: Any, ctx: Any) -> Any:
         for cond in conds:
             style, temp = parse_condition(cond)
             name = f"{label}_{style}_t{temp:g}"
-            docs, own = _generate(cfg, ctx, (label, gm, gtok), (sm, stok), prompt_docs, style, temp, name)
-            systems[name] = System(
-                name, "llm", generator=label, style=style, temperature=temp, self_scored=own, docs=docs
-            )
+            docs = _generate(cfg, ctx, (label, gm, gtok), (sm, stok), prompt_docs, style, temp, name)
+            systems[name] = System(name, "llm", generator=label, style=style, temperature=temp, docs=docs)
         ctx.record_value(label, "generation_time", time.perf_counter() - t1, unit="s",
                          note=f"{len(conds)} conditions x {len(prompt_docs)} prompts, scoring included")  # fmt: skip
 
@@ -394,13 +390,19 @@ def run(cfg: Any, ctx: Any) -> Any:
     _tables(cfg, ctx, systems, det)
     _samples(ctx, systems)
     _figures(cfg, ctx, systems, det)
-    ctx.flag("scoring", {"scorer": scorer_spec, "self_scored": [s.name for s in llm if s.self_scored],
-                         "cross_scored": [s.name for s in llm if not s.self_scored]})  # fmt: skip
+    own = [label for label, gm, _, _ in gens if gm is sm]
+    ctx.flag("scoring", {"scorer": scorer_spec, "procedure": "re-tokenised, prompt text as context (bits_series)",
+                         "generators_scored_by_their_own_model": own})  # fmt: skip
+    mirror = (
+        f"The scorer is generator {own[0]}'s own model, so that generator's text gets lower bits than another model "
+        "would give it; a run with the other scorer (--set scorer=...) is the mirror check. "
+        if own
+        else ""
+    )
     ctx.note(
-        f"One fixed scorer ({scorer_spec}) for every text. Its own generations are scored by the log-probs the "
-        "decoder recorded (self-scoring lowers their bits); other generators' text is re-tokenised and cross-scored. "
-        "The stdlib docstrings and license texts are likely in the scorer's training data, so their bits are low: "
-        "read the numbers as a relative comparison."
+        f"One fixed scorer ({scorer_spec}) and one procedure for every text: re-tokenised and scored with the prompt "
+        f"text as context. {mirror}The stdlib docstrings and license texts are likely in the scorer's training data, "
+        "so their bits are low: read the numbers as a relative comparison."
     )
     return ctx.finish(claims=_claims(cfg, ctx, systems, gens[0][0]))
 
@@ -410,8 +412,6 @@ def run(cfg: Any, ctx: Any) -> Any:
 
 
 def _tables(cfg: Any, ctx: Any, systems: dict[str, System], det: dict[str, Any]) -> None:
-    from lmlab.core.stats.seeding import derive_seed
-
     rows = []
     for s in systems.values():
         kept = s.kept
@@ -433,19 +433,11 @@ def _tables(cfg: Any, ctx: Any, systems: dict[str, System], det: dict[str, Any])
     # the estimator's own reading of series with a known answer, at this run's lengths, scales and document count
     ref = systems["human_stdlib"]
     if ref.table is not None:
-        lengths = [d.bits.size for d in ref.kept]
-        cal = []
-        for true_h in (0.5, 0.8):
-            xs = [fractional_gaussian_noise(n, true_h, seed=derive_seed(cfg.seed, "calibration", true_h, i))[0]
-                  for i, n in enumerate(lengths)]  # fmt: skip
-            t = fractal_table(xs, scales=cfg.scales, taus=cfg.taus, samples_per_doc=cfg.samples_per_doc, eps=cfg.eps,
-                              seed=derive_seed(cfg.seed, "calibration"))  # fmt: skip
-            cal.append({"series": f"fGn H={true_h}" if true_h != 0.5 else "white noise (H=0.5)", "docs": len(xs),
-                        "H_hat": _fmt(bootstrap_ci(t, "hurst", n_boot=cfg.n_boot)),
-                        "S_hat": _fmt(bootstrap_ci(t, "selfsim", n_boot=cfg.n_boot)),
-                        "dfa_alpha": round(dfa(xs, cfg.scales).alpha, 3)})  # fmt: skip
+        cal = _calibration(cfg, [d.bits.size for d in ref.kept])
         ctx.table("estimator_calibration", cal)
-        ctx.flag("calibration", {r["series"]: r["H_hat"] for r in cal})
+        # (H mean, S mean, S SD) over the draws, per series and offset mode
+        ctx.flag("calibration", {f"{r['series']}, {r['selfsim_offsets']}": [r["H_mean"], r["S_mean"], r["S_sd"]]
+                                 for r in cal})  # fmt: skip
 
     # narrow human range vs wide LLM range: spread of the pooled estimates, bootstrap over each system's clusters
     spread = []
@@ -466,6 +458,35 @@ def _tables(cfg: Any, ctx: Any, systems: dict[str, System], det: dict[str, Any])
         ctx.table("spread", spread)
     if det:
         ctx.table("detection", [{"subset": k, **v} for k, v in det.items() if isinstance(v, dict)])
+
+
+def _calibration(cfg: Any, lengths: list[int]) -> list[dict[str, Any]]:
+    """H and S of white noise and fGn (H = 0.8) drawn `calibration_draws` times at the human reference's lengths and
+    document count: the mean is the estimator's reading at these sizes (compare systems with it, not with 0.5), the
+    SD across draws its sampling noise for one collection of this size. S is computed from every offset (this run's
+    estimator) and from `samples_per_doc` random offsets (the notebook's), on the same series, so the table shows
+    how much of the S noise the random offsets add."""
+    from lmlab.core.stats.seeding import derive_seed
+
+    rows = []
+    for true_h in (0.5, 0.8):
+        draws: dict[str, list[tuple[float, float]]] = {"all": [], "random": []}
+        for r in range(cfg.calibration_draws):
+            xs = [fractional_gaussian_noise(n, true_h, seed=derive_seed(cfg.seed, "calibration", true_h, r, i))[0]
+                  for i, n in enumerate(lengths)]  # fmt: skip
+            for mode, out in draws.items():
+                t = fractal_table(xs, scales=cfg.scales, taus=cfg.taus, samples_per_doc=cfg.samples_per_doc,
+                                  eps=cfg.eps, seed=derive_seed(cfg.seed, "calibration", r),
+                                  selfsim_offsets=mode)  # fmt: skip
+                out.append((float(t.hurst()[0]), float(t.selfsim()[0])))
+        for mode, out in draws.items():
+            h, s = np.array(out).T
+            rows.append({"series": f"fGn H={true_h}" if true_h != 0.5 else "white noise (H=0.5)",
+                         "selfsim_offsets": mode + (" (this run)" if mode == cfg.selfsim_offsets else ""),
+                         "docs": len(lengths), "draws": len(out),
+                         "H_mean": round(float(h.mean()), 3), "H_sd": round(float(h.std(ddof=1)), 3),
+                         "S_mean": round(float(s.mean()), 3), "S_sd": round(float(s.std(ddof=1)), 3)})  # fmt: skip
+    return rows
 
 
 def _fmt(est: tuple[float, float, float] | None) -> str | None:
@@ -560,9 +581,11 @@ def _claims(cfg: Any, ctx: Any, systems: dict[str, System], label_a: str) -> lis
     2. temperature_moves (gated): H at the lowest temperature > H at the highest, and |H − 0.5| is smaller at the
        highest (generator A, prefix prompts; else the style with the most temperatures).
     3. instruct_deviates_more (gated, when generator_b ran a condition that A also ran): A's (H, S) lies farther from
-       the human stdlib point than B's.
-    4. fractal_helps_detection (gated): pooled AUROC of [mean, std, H, S] > AUROC of [mean bits]; per system the
-       fractal features are not worse by more than `detect_margin` (reported, not gated).
+       the human stdlib point than B's. Both texts are scored by one model through one procedure (`_generate`).
+    4. fractal_helps_detection (gated, twice): pooled AUROC of [mean, std, H, S] > AUROC of [mean bits] (the paper's
+       first-order baseline) and > AUROC of [mean, std] (the ablation: what H and S add beyond the std of the bits,
+       which the first check alone cannot tell apart); per system the fractal features are not worse than mean
+       bits by more than `detect_margin` (reported, not gated).
     """
 
     def ok(a: str, b: str, metric: str) -> bool:
@@ -611,8 +634,9 @@ def _claims(cfg: Any, ctx: Any, systems: dict[str, System], label_a: str) -> lis
         claims.append(Claim("auroc", "fractal_features", "mean_bits_only", ">",
                             text="fractal_helps_detection: AUROC([mean, std, H, S]) > AUROC([mean bits]), "
                                  "all LLM systems pooled"))  # fmt: skip
-        claims.append(Claim("auroc", "fractal_features", "first_order", ">", gate=False,
-                            text="ablation: (H, S) add to [mean, std] (AUROC, all LLM systems pooled)"))  # fmt: skip
+        claims.append(Claim("auroc", "fractal_features", "first_order", ">",
+                            text="fractal_helps_detection: AUROC([mean, std, H, S]) > AUROC([mean, std]), "
+                                 "all LLM systems pooled (what H and S add)"))  # fmt: skip
     for s in systems.values():
         metric = f"auroc_{s.name}"
         if s.kind == "llm" and ok("fractal_features", "mean_bits_only", metric):

@@ -15,8 +15,9 @@ Pipeline (shapes per document d of length T_d):
 3. Hurst H: for each scale n, `samples_per_doc` random windows y = x[o : o+n] per document (o uniform in
    [0, T_d − n)); y ← y − mean(y); Y = cumsum(y); R = max Y − min Y; S = std(y) (ddof 0);
    E[R/S](n) = mean of R/S over all windows of all documents; fit log E[R/S] = c + H log n by OLS.
-4. Self-similarity S: for each lag τ, random offsets o; p_ε(τ) = mean 1[|X_{o+τ} − X_o| < ε] over all documents;
-   fit log p_ε = c − S log τ by OLS; fractal dimension D = 2 − S.
+4. Self-similarity S: for each lag τ, every offset o in [0, T_d − τ) of every document (the notebook draws
+   `samples_per_doc` random ones; ``selfsim_offsets="random"``); p_ε(τ) = mean 1[|X_{o+τ} − X_o| < ε] over all
+   of them; fit log p_ε = c − S log τ by OLS; fractal dimension D = 2 − S.
 
 Pooling (pitfall: per-document estimates on a few hundred tokens are very noisy): windows are drawn once per document
 and stored as per-document sums (`FractalTable`); any reweighting of documents (the pooled estimate, a leave-one-
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from lmlab.methods.analysis.fractal_text.config import SELFSIM_OFFSETS
 
 LOG2 = math.log(2.0)
 KINDS = ("increments", "levels")
@@ -284,6 +287,7 @@ def fractal_table(
     seed: int = 0,
     kind: str = "increments",
     normalize: bool = True,
+    selfsim_offsets: str = "all",
 ) -> FractalTable:
     """Draw the R/S windows and the self-similarity offsets of every document once (see the module docstring).
 
@@ -293,11 +297,17 @@ def fractal_table(
             something else (pitfall of the spec).
         scales, taus: window lengths n and lags τ; every document must be longer than the largest of both (drop or
             filter shorter ones first, see `usable`).
-        samples_per_doc (`int`, defaults to 100): windows (and offsets) per document per scale (notebook: 100).
+        samples_per_doc (`int`, defaults to 100): R/S windows per document per scale (notebook: 100); with
+            ``selfsim_offsets="random"`` also the self-similarity offsets per lag.
         eps (`float`, defaults to 0.05): ε of p_ε(τ) (notebook ``DEFAULT_EPS``).
         seed (`int`): seeds the window offsets.
         normalize (`bool`, defaults to `True`): z-score each document first (`increments`). R/S is invariant to it;
             p_ε is not (ε is an absolute threshold on X).
+        selfsim_offsets (`str`, defaults to ``"all"``): ``"all"`` counts |X_{o+τ} − X_o| < ε at every offset o of
+            every document (T_d − τ pairs per lag), ``"random"`` at `samples_per_doc` random offsets (the notebook).
+            With ε = 0.05 a lag τ ≥ 16 gets only a few hits out of 100 random offsets, so the random draw alone moves
+            S by ~0.1-0.2 on 12 documents of 224 tokens; every offset costs nothing and halves that (the estimand,
+            p_ε(τ) pooled over t, is the same: the notebook's offsets are a Monte-Carlo sample of these).
     """
     xs = _as_increments(series, kind)
     sc, ta = _check_grid("scales", scales), _check_grid("taus", taus)
@@ -305,6 +315,8 @@ def fractal_table(
         raise ValueError(f"samples_per_doc must be >= 1, got {samples_per_doc}")
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
+    if selfsim_offsets not in SELFSIM_OFFSETS:
+        raise ValueError(f"selfsim_offsets must be one of {', '.join(SELFSIM_OFFSETS)}, got {selfsim_offsets!r}")
     need = int(max(sc.max(), ta.max())) + 1
     for d, x in enumerate(xs):
         if x.size < need:
@@ -330,9 +342,13 @@ def fractal_table(
             skipped[k] += int((~ok).sum())
         X = np.cumsum(x)
         for j, tau in enumerate(ta):
-            off = rng.integers(0, X.size - tau, size=samples_per_doc)
-            hit_sum[d, j] = float((np.abs(X[off + tau] - X[off]) < eps).sum())
-            hit_cnt[d, j] = float(samples_per_doc)
+            if selfsim_offsets == "all":
+                dX = X[tau:] - X[:-tau]  # (T_d − τ,): every offset o in [0, T_d − τ), the notebook's range
+            else:  # the notebook's draw: samples_per_doc offsets randint(0, len − τ)
+                off = rng.integers(0, X.size - tau, size=samples_per_doc)
+                dX = X[off + tau] - X[off]
+            hit_sum[d, j] = float((np.abs(dX) < eps).sum())
+            hit_cnt[d, j] = float(dX.size)
     return FractalTable(sc, ta, rs_sum, rs_cnt, hit_sum, hit_cnt, skipped, float(eps),
                         np.array([x.size for x in xs]))  # fmt: skip
 
@@ -394,10 +410,12 @@ def self_similarity(
     samples_per_doc: int = 100,
     seed: int = 0,
     kind: str = "increments",
+    offsets: str = "all",
 ) -> SelfSimilarityResult:
-    """Self-similarity exponent S of the integral process (the notebook's ``get_self_sim_exponent``)."""
+    """Self-similarity exponent S of the integral process (the notebook's ``get_self_sim_exponent``; `offsets`:
+    ``"all"`` (default) or the notebook's ``"random"`` draw of `samples_per_doc` per lag, see `fractal_table`)."""
     t = fractal_table(series, scales=(1, 2), taus=taus, samples_per_doc=samples_per_doc, eps=eps, seed=seed,
-                      kind=kind)  # fmt: skip
+                      kind=kind, selfsim_offsets=offsets)  # fmt: skip
     p = t.peak_probability()[0]
     inter, slope = loglog_fit(t.taus, p)
     s = float(-slope[0])
