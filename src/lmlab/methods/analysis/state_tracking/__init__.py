@@ -46,6 +46,8 @@ SPEC = register_method(
                 "n_patch": 48,
             },
         },
+        # default: the 10-minute class (12 seeds x 2 conditions trained until learned; see config.py's budget note)
+        budget_s={"smoke": 10.0, "quick": 60.0, "default": 600.0},
         tags=("analysis", "interpretability", "from-scratch"),
         bibtex=(
             "@inproceedings{li2025howtrack,\n  title={(How) Do Language Models Track State?},\n  author={Li, "

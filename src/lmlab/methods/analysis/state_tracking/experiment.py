@@ -4,22 +4,25 @@ Paper claim (Li, Guo & Andreas, ICML 2025): LMs trained to compose permutations 
 associative scan (AA) or a parity-associative scan (PAA); AA models converge faster and generalise to longer
 sequences; intermediate tasks steer the choice (a parity task encouraging the parity heuristic, [verify] §6).
 
-Runs. For each group (S3, S5) and seed, one tiny llama per condition (``plain``: state supervision only;
+Runs. For each group (S3 by default) and seed, one tiny llama per condition (``plain``: state supervision only;
 ``parity_cur``: parity labels first, then state supervision; optional ``topic``), trained from the same
-initialisation on the same state-phase stories (the seed is the independent unit and the cluster of the CIs).
-Stories come from the lmlab ``permutations`` suite (validation: dev split; test: test split), converted to the
-repository's update rule (`task.apply_action`). Per run, on test stories:
+initialisation on the same state-phase stories (the seed is the independent unit and the cluster of the CIs) until
+the validation accuracy at the training length reaches `stop_acc` (at most `steps`). Stories come from the lmlab
+``permutations`` suite (validation: dev split; test: test split), converted to the repository's update rule
+(`task.apply_action`). The test stories are split in two halves (`split_test`):
 
-* convergence: state-phase steps until the validation accuracy (mean over prefix lengths 1..train_len) reaches
-  `acc_threshold` (censored at the budget when never reached);
-* generalisation: accuracy per prefix length up to `eval_len`; `long_acc` = mean accuracy over lengths
-  train_len + 1 .. 2 train_len;
-* the mechanism: probe, patching and error-parity indices (`method.mechanism_score`), their mean, the label.
+* mechanism half: probe, patching and error-parity indices (`method.mechanism_score`), their mean, the label; the
+  error parities are read on the frontier of this half's curve less the outcome lengths T+1..2T;
+* outcome half: accuracy at prefix length T (a run is *learned*, and enters the comparison, at >= `learned_min`)
+  and `long_acc` = mean accuracy over lengths train_len + 1 .. 2 train_len;
+* convergence (validation stories): state-phase steps until the validation accuracy (mean over prefix lengths
+  1..train_len) reaches `acc_threshold`.
 
 Claim checks (from this run's numbers). Gating, when both labels occur among learned runs: AA runs need fewer
-steps to the threshold and reach higher `long_acc` than PAA runs (unpaired, clustered by seed). Reported: the
-parity curriculum raises the mechanism score (paired by seed); runs of both mechanisms occur. Mechanism check:
-patching every embedding position from the counterfactual reproduces its answer (1 by construction).
+steps to the threshold and reach higher `long_acc` than PAA runs (unpaired, clustered by seed: decisive with >= 6
+seeds on each side). Reported: the parity curriculum raises the mechanism score (paired by seed); runs of both
+mechanisms occur. Mechanism check: patching every embedding position from the counterfactual reproduces its answer
+(1 by construction).
 """
 
 from __future__ import annotations
@@ -60,10 +63,34 @@ def _stories(ctx: Any, group: PermGroup, n: int, split: str, length: int) -> Sto
     return stories_from_examples(examples, group)
 
 
+def split_test(test: Stories) -> tuple[Stories, Stories]:
+    """(mechanism stories, outcome stories): the first half of the test stories is read for the mechanism (probes,
+    patching, error parities), the second half for the outcomes compared across mechanisms (accuracy at T,
+    ``long_acc``), so that the label and the outcome it is compared with share no story. A single story (``--set
+    limit=1``) serves both, which `diagnose` flags as ``disjoint: False``."""
+    if len(test) < 2:
+        return test, test
+    k = len(test) // 2
+    return test.subset(slice(0, k)), test.subset(slice(k, len(test)))
+
+
+def outcome_lengths(train_len: int, eval_len: int) -> list[int]:
+    """Prefix lengths T+1 .. 2T (within `eval_len`): where ``long_acc``, the generalisation outcome, is read."""
+    return list(range(train_len + 1, min(2 * train_len, eval_len) + 1))
+
+
 def diagnose(model: Any, test: Stories, train_len: int, cfg: Any, seed: int, vocab: TrackerVocab) -> dict[str, Any]:
-    """Generalisation curve, probe grids, patching grids and the mechanism of one tracker."""
-    curve = generalisation_curve(model, test, vocab)
-    probe_stories = test.prefix(train_len)
+    """Generalisation curves, probe grids, patching grids and the mechanism of one tracker.
+
+    The test stories are split (`split_test`): the mechanism is read on the first half, the outcomes (accuracy at
+    T, ``long_acc`` over `outcome_lengths`) on the second, and the error-parity index skips the outcome lengths, so
+    the mechanism and the outcome share neither stories nor lengths.
+    """
+    mech_stories, out_stories = split_test(test)
+    long = outcome_lengths(train_len, test.length)
+    curve = generalisation_curve(model, out_stories, vocab)  # the outcome curve
+    mech_curve = generalisation_curve(model, mech_stories, vocab)
+    probe_stories = mech_stories.prefix(train_len)
     acts = residual_stream(model, probe_stories, vocab)
     kw = dict(acts=acts, vocab=vocab, max_iter=cfg.probe_max_iter, C=cfg.probe_c)
     state, par = probe_grid(model, probe_stories, "state", **kw), probe_grid(model, probe_stories, "parity", **kw)
@@ -72,13 +99,21 @@ def diagnose(model: Any, test: Stories, train_len: int, cfg: Any, seed: int, voc
     same = patch_grid(model, base, "same_parity", seed=pseed, vocab=vocab)
     diff = patch_grid(model, base, "diff_parity", seed=pseed, vocab=vocab)
     n_layers = model.config.num_hidden_layers
-    mech = mechanism_score(state, par, same, diff, curve, n_layers=n_layers, threshold=cfg.paa_threshold,
-                           margin=cfg.frontier_margin)  # fmt: skip
-    long = [t for t in range(train_len + 1, min(2 * train_len, test.length) + 1)]
-    return {"curve": curve, "state": state, "parity": par, "same": same, "diff": diff, "mech": mech,
-            "long_acc": float(curve.acc[[t - 1 for t in long]].mean()) if long else float("nan"),
-            "acc_at_T": float(curve.acc[train_len - 1]), "frontier": frontier(curve, cfg.frontier_margin),
-            "n_layers": n_layers}  # fmt: skip
+    mech = mechanism_score(state, par, same, diff, mech_curve, n_layers=n_layers, threshold=cfg.paa_threshold,
+                           margin=cfg.frontier_margin, gen_exclude=long)  # fmt: skip
+    gen_lengths = [t for t in frontier(mech_curve, cfg.frontier_margin) if t not in set(long)]
+    return {"curve": curve, "mech_curve": mech_curve, "state": state, "parity": par, "same": same, "diff": diff,
+            "mech": mech, "long_acc": float(curve.acc[[t - 1 for t in long]].mean()) if long else float("nan"),
+            "acc_at_T": float(curve.acc[train_len - 1]), "gen_lengths": gen_lengths, "n_layers": n_layers,
+            "n_mech_stories": len(mech_stories), "n_outcome_stories": len(out_stories),
+            "disjoint": len(test) >= 2}  # fmt: skip
+
+
+def is_learned(diag: dict[str, Any], cfg: Any) -> bool:
+    """A run enters the AA/PAA comparison when it learned the task (accuracy at prefix length T on the outcome
+    stories >= `learned_min`, 0.9 by default) and its mechanism was read (not ``abstain``). An underfit tracker
+    that has learned the cheap parity sum but not the state makes parity-keeping errors and would look PAA."""
+    return diag["acc_at_T"] >= cfg.learned_min and diag["mech"].label != "abstain"
 
 
 def _train_runs(cfg: Any, ctx: Any) -> list[dict[str, Any]]:
@@ -93,7 +128,7 @@ def _train_runs(cfg: Any, ctx: Any) -> list[dict[str, Any]]:
             "layers": cfg.n_layers,
             "hidden_size": cfg.hidden,
             "vocab_size": TrackerVocab.default(group.n).vocab_size,
-            "state_steps": steps,
+            "state_steps_max": steps,
             "pre_steps": pre_steps,
             "train_len": train_len,
         }
@@ -106,14 +141,14 @@ def _train_runs(cfg: Any, ctx: Any) -> list[dict[str, Any]]:
                 model, group, condition=cond, steps=steps, pre_steps=pre_steps, batch_size=cfg.train_batch,
                 length=train_len, lr=cfg.lr, warmup_frac=cfg.warmup_frac, weight_decay=cfg.weight_decay,
                 grad_clip=cfg.grad_clip, seed=derive_seed(seed, "data"), val=val, eval_every=cfg.eval_every,
-                threshold=cfg.acc_threshold, vocab=vocab,
+                threshold=cfg.acc_threshold, stop_at=cfg.stop_acc, vocab=vocab,
             )  # fmt: skip
             t0 = time.perf_counter()
             diag = diagnose(model, test, train_len, cfg, seed, vocab)
             sts, censored = steps_to_threshold(hist, steps)
             runs.append({"group": gname, "condition": cond, "seed_index": k, "cluster": f"{gname}/seed{k}",
                          "hist": hist, "steps_to_threshold": sts, "censored": censored, "train_len": train_len,
-                         "eval_len": eval_len, "learned": diag["acc_at_T"] >= cfg.learned_min,
+                         "eval_len": eval_len, "learned": is_learned(diag, cfg),
                          "train_s": hist.seconds, "diag_s": time.perf_counter() - t0, **diag})  # fmt: skip
             del model
     return runs
@@ -123,15 +158,22 @@ def _train_runs(cfg: Any, ctx: Any) -> list[dict[str, Any]]:
 # recording
 
 
+def _num(x: float, digits: int = 3) -> float | None:
+    """Rounded, or None for NaN (an abstaining index): the table and samples stay valid JSON."""
+    return None if x is None or math.isnan(x) else round(float(x), digits)
+
+
 def _row(r: dict[str, Any]) -> dict[str, Any]:
-    m = r["mech"]
+    m, h = r["mech"], r["hist"]
     return {"group": r["group"], "condition": r["condition"], "seed": r["seed_index"], "learned": r["learned"],
-            "mechanism": m.label if r["learned"] else "unlearned", "score": round(m.score, 3),
-            "probe_index": round(m.probe_index, 3), "patch_index": round(m.patch_index, 3),
-            "gen_index": round(m.gen_index, 3), "steps_to_threshold": r["steps_to_threshold"],
-            "censored": r["censored"], "val_acc": round(r["hist"].eval_acc[-1], 3) if r["hist"].eval_acc else None,
-            "acc_at_T": round(r["acc_at_T"], 3), "long_acc": round(r["long_acc"], 3),
-            "frontier": r["frontier"], "patch_pairs_same": r["same"].n_valid, "patch_pairs_diff": r["diff"].n_valid,
+            "mechanism": m.label if r["learned"] else "unlearned", "score": _num(m.score),
+            "probe_index": _num(m.probe_index), "patch_index": _num(m.patch_index), "gen_index": _num(m.gen_index),
+            "steps_to_threshold": r["steps_to_threshold"], "censored": r["censored"],
+            "state_steps": dict(h.phases).get("state"), "stopped_at": h.stopped_at,
+            "val_acc": _num(h.eval_acc[-1]) if h.eval_acc else None,
+            "val_acc_at_T": _num(h.eval_acc_at_len[-1]) if h.eval_acc_at_len else None,
+            "acc_at_T": _num(r["acc_at_T"]), "long_acc": _num(r["long_acc"]), "gen_lengths": r["gen_lengths"],
+            "patch_pairs_same": r["same"].n_valid, "patch_pairs_diff": r["diff"].n_valid,
             "train_s": round(r["train_s"], 1)}  # fmt: skip
 
 
@@ -144,8 +186,11 @@ def _record(ctx: Any, cfg: Any, runs: list[dict[str, Any]]) -> list[Claim]:
                                 ("long_acc", "long_acc"), ("learned", "learned")):  # fmt: skip
                 ctx.record(sys_, metric, [float(r[key]) for r in sel], note="one value per seed")
             for metric in ("score", "probe_index", "patch_index", "gen_index"):
-                ctx.record(sys_, f"mechanism_{metric}", [getattr(r["mech"], metric) for r in sel],
-                           note="one value per seed")  # fmt: skip
+                vals = [getattr(r["mech"], metric) for r in sel]
+                vals = [v for v in vals if not math.isnan(v)]  # an abstaining index (no evidence) is left out
+                if vals:
+                    ctx.record(sys_, f"mechanism_{metric}", vals,
+                               note="one value per seed where the index is defined")  # fmt: skip
             ctx.record(sys_, "train_time", [r["train_s"] for r in sel], unit="s")
     cl_all = [r["cluster"] for r in runs]
     ctx.record("trackers", "acc_at_train_len", [r["acc_at_T"] for r in runs], clusters=cl_all,
@@ -163,6 +208,10 @@ def _record(ctx: Any, cfg: Any, runs: list[dict[str, Any]]) -> list[Claim]:
     ctx.flag("learned_runs", len(learned))
     ctx.flag("aa_runs", len(aa))
     ctx.flag("paa_runs", len(paa))
+    # the unpaired checks count seeds (clusters): each side needs min_n (6) of them to be decisive
+    ctx.flag("aa_seeds", len({r["cluster"] for r in aa}))
+    ctx.flag("paa_seeds", len({r["cluster"] for r in paa}))
+    ctx.flag("abstained_runs", sum(r["mech"].label == "abstain" for r in runs))
     note = "one value per run, clustered by seed (the conditions of one seed share init and data)"
     if aa and paa:
         for name, sel in (("aa_runs", aa), ("paa_runs", paa)):
@@ -203,7 +252,8 @@ def _record(ctx: Any, cfg: Any, runs: list[dict[str, Any]]) -> list[Claim]:
             from lmlab.core.stats.uncertainty import spearman
 
             for metric, key in (("steps_to_threshold", "steps_to_threshold"), ("long_acc", "long_acc")):
-                rho, p = spearman([r["mech"].score for r in learned], [float(r[key]) for r in learned])
+                rho, p = spearman([r["mech"].score for r in learned], [float(r[key]) for r in learned])  # scores
+                # of learned runs are defined (an abstaining run is not learned)
                 rho_note = f"Spearman rho over {len(learned)} runs (p={p:.3g}); NaN shown as 0"
                 ctx.record_value("learned_runs", f"spearman_score_vs_{metric}", 0.0 if math.isnan(rho) else rho,
                                  note=rho_note)  # fmt: skip
@@ -211,7 +261,7 @@ def _record(ctx: Any, cfg: Any, runs: list[dict[str, Any]]) -> list[Claim]:
         # pairs of one seed where both runs track something (accuracy at T > chance + 0.1): a slower curriculum
         # run still shows its mechanism; runs at chance (S5 here) have no mechanism to compare
         def tracking(r: dict[str, Any]) -> bool:
-            return r["acc_at_T"] > 1.0 / group_of(r["group"]).size + 0.1
+            return r["acc_at_T"] > 1.0 / group_of(r["group"]).size + 0.1 and not math.isnan(r["mech"].score)
 
         pairs = []
         for r in runs:
@@ -222,9 +272,9 @@ def _record(ctx: Any, cfg: Any, runs: list[dict[str, Any]]) -> list[Claim]:
         if pairs:
             cl = [a["cluster"] for a, _ in pairs]
             ctx.record("parity_cur", "mechanism_score", [b["mech"].score for _, b in pairs], clusters=cl,
-                       note="seeds where both conditions track above chance + 0.1")  # fmt: skip
+                       note="seeds where both conditions track above chance + 0.1 and have a score")  # fmt: skip
             ctx.record("plain", "mechanism_score", [a["mech"].score for a, _ in pairs], clusters=cl,
-                       note="seeds where both conditions track above chance + 0.1")  # fmt: skip
+                       note="seeds where both conditions track above chance + 0.1 and have a score")  # fmt: skip
             claims.append(Claim("mechanism_score", "parity_cur", "plain", ">", gate=False,
                                 text="the parity curriculum shifts runs toward PAA: higher mechanism score than "
                                      "plain training from the same seed (paired; direction [verify], reported)"),
@@ -332,7 +382,11 @@ def _fig_scatter(runs: list[dict[str, Any]], cfg: Any) -> bytes:
 def _figures(ctx: Any, cfg: Any, runs: list[dict[str, Any]]) -> None:
     for gname in cfg.groups:
         ctx.add_figure(f"generalisation_{gname}", _fig_generalisation(runs, gname, cfg.seed, cfg.acc_threshold))
-    learned = [r for r in runs if r["learned"]] or runs
+    scored = [r for r in runs if not math.isnan(r["mech"].score)]
+    learned = [r for r in scored if r["learned"]] or scored
+    if not learned:  # every run abstained: no extreme to show
+        ctx.add_figure("mechanism_scatter", _fig_scatter(runs, cfg))
+        return
     lo, hi = min(learned, key=lambda r: r["mech"].score), max(learned, key=lambda r: r["mech"].score)
     for tag, r in (("most_aa", lo), ("most_paa", hi)):
         ctx.add_figure(f"grids_{tag}", _fig_grids(r, f"state_tracking: {tag.replace('_', ' ')} run ({r['group']} "
@@ -357,8 +411,8 @@ def _analyse(cfg: Any, ctx: Any) -> Any:
     ctx.models["tracker"] = {"spec": cfg.tracker, "layers": model.config.num_hidden_layers,
                              "hidden_size": model.config.hidden_size, "vocab_size": vocab.vocab_size}  # fmt: skip
     diag = diagnose(model, test, train_len, cfg, cfg.seed, vocab)
-    r = {"group": gname, "condition": "given", "seed_index": 0, "cluster": "given", "learned":
-         diag["acc_at_T"] >= cfg.learned_min, **diag}  # fmt: skip
+    r = {"group": gname, "condition": "given", "seed_index": 0, "cluster": "given", "learned": is_learned(diag, cfg),
+         **diag}  # fmt: skip
     m = diag["mech"]
     ctx.record_value("tracker", "mechanism_score", m.score, note=f"label {m.label}")
     for metric in ("probe_index", "patch_index", "gen_index"):
@@ -394,6 +448,7 @@ def run(cfg: Any, ctx: Any) -> Any:
     ctx.add_samples(rows)
     _figures(ctx, cfg, runs)
     ctx.flag("torch_threads", torch_threads)
+    ctx.flag("mechanism_outcome_disjoint", all(r["disjoint"] for r in runs))  # False only with fewer than 2 stories
     ctx.flag("early_layers", [x - 1 for x in early_layers(cfg.n_layers)])
     learned = [r for r in runs if r["learned"]]
     by = {lab: [r for r in learned if r["mech"].label == lab] for lab in ("AA", "PAA")}
@@ -406,11 +461,16 @@ def run(cfg: Any, ctx: Any) -> Any:
                 f"{lab}: {len(sel)} runs, steps to {cfg.acc_threshold:g} {steps:.0f}, accuracy at T+1..2T {long:.2f}"
             )
     unlearned = sorted({r["group"] for r in runs if not r["learned"]})
+    seeds_by = {lab: len({r["cluster"] for r in sel}) for lab, sel in by.items()}
+    stopped = sum(r["hist"].stopped_at is not None for r in runs)
     ctx.note(
         f"{len(runs)} runs ({', '.join(cfg.groups)} x {', '.join(cfg.conditions)} x {cfg.seeds} seeds), "
-        f"{len(learned)} learned (accuracy >= {cfg.learned_min:g} at the training length). " + "; ".join(parts) + "."
+        f"{stopped} reached validation accuracy {cfg.stop_acc} at the training length and stopped, "
+        f"{len(learned)} learned (test accuracy >= {cfg.learned_min:g} at the training length, mechanism read). "
+        + "; ".join(parts) + "."
         + (f" Unlearned runs in {', '.join(unlearned)} are left out of the AA/PAA comparison." if unlearned else "")
-        + " With fewer than 6 seeds on each side the unpaired checks stay inconclusive by design (min_n = 6): read "
-        "the per-run table and the scatter plot."
+        + (f" AA runs come from {seeds_by['AA']} seeds, PAA runs from {seeds_by['PAA']}: with fewer than 6 on a side "
+           "the unpaired checks are inconclusive (min_n = 6); read the per-run table and the scatter plot."
+           if min(seeds_by.values()) < 6 else "")
     )  # fmt: skip
     return ctx.finish(claims)

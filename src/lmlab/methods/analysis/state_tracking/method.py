@@ -27,7 +27,8 @@ computed by this package (probes and patching in `diagnostics`):
 * length generalisation (`generalisation_curve`): accuracy against prefix length beyond the training length; a PAA
   model's errors keep the right parity (they stay in the pruned coset), an AA model's do not.
 
-`mechanism_score` turns the three signatures into above-chance indices and `classify` labels a run AA or PAA.
+`mechanism_score` turns the three signatures into above-chance indices and `classify` labels a run AA or PAA (an
+index without evidence, e.g. error parities of a tracker that makes no error, abstains instead of voting AA).
 
 Files: `task` holds the group, the stories and the tracker vocabulary; `diagnostics` the probes and the
 activation patching; this module builds and trains trackers, measures length generalisation and turns the three
@@ -103,7 +104,9 @@ class TrainHistory:
         phases: ``[(name, steps)]`` in order (``parity`` / ``topic`` before ``state``).
         eval_steps: state-phase steps at which the validation accuracy was measured.
         eval_acc: validation state accuracy at the training length (mean over positions 1..T).
+        eval_acc_at_len: validation state accuracy at prefix length T alone (the stopping criterion).
         steps_to_threshold: first state-phase eval step with accuracy >= threshold (None: never).
+        stopped_at: state-phase step at which `stop_at` was reached and training stopped (None: all steps ran).
         seconds: wall time of the training.
     """
 
@@ -111,7 +114,9 @@ class TrainHistory:
     phases: list[tuple[str, int]] = field(default_factory=list)
     eval_steps: list[int] = field(default_factory=list)
     eval_acc: list[float] = field(default_factory=list)
+    eval_acc_at_len: list[float] = field(default_factory=list)
     steps_to_threshold: int | None = None
+    stopped_at: int | None = None
     seconds: float = 0.0
 
 
@@ -173,6 +178,7 @@ def train_tracker(
     val: Stories | None = None,
     eval_every: int = 50,
     threshold: float = 0.9,
+    stop_at: float | None = None,
     vocab: TrackerVocab | None = None,
     on_step: Callable[[int, float], None] | None = None,
 ) -> TrainHistory:
@@ -190,6 +196,10 @@ def train_tracker(
     The state-phase data stream depends on `seed` only, so runs of different conditions with one seed see the same
     state stories in the same order. Each phase: AdamW, linear warm-up over `warmup_frac` of its steps, cosine
     decay to 10%, gradient clipping at `grad_clip` ([code] ``max_grad_norm=1.0``).
+
+    Training until the task is learned: with `stop_at` (and `val`), the state phase stops at the first evaluation
+    whose validation accuracy at prefix length T (the hardest position) reaches `stop_at`; `steps` is then a cap
+    and the schedule is laid out over it. Every run that stops is compared at the same in-distribution accuracy.
     """
     from lmlab.core.training.pretrain import cosine_lr
 
@@ -197,6 +207,8 @@ def train_tracker(
         raise ValueError(f"condition must be one of {', '.join(CONDITIONS)}, got {condition!r}")
     if steps < 1 or batch_size < 1 or length < 1:
         raise ValueError(f"steps, batch_size and length must be >= 1, got {steps}, {batch_size}, {length}")
+    if stop_at is not None and not 0.0 < stop_at <= 1.0:
+        raise ValueError(f"stop_at must be in (0, 1] or None, got {stop_at}")
     vocab = vocab or TrackerVocab.of(model)
     check_model(model, vocab)
     hist = TrainHistory()
@@ -211,6 +223,7 @@ def train_tracker(
         gen = torch.Generator().manual_seed(int(stream_seed))
         warm = max(1, int(warmup_frac * n_steps))
         model.train()
+        done = 0
         for step in range(n_steps):
             for g in opt.param_groups:
                 g["lr"] = lr * cosine_lr(step, steps=n_steps, warmup=warm, min_ratio=0.1)
@@ -234,15 +247,21 @@ def train_tracker(
             if on_step is not None:
                 on_step(len(hist.losses), hist.losses[-1])
             last = step == n_steps - 1
+            done = step + 1
             if evaluate and val is not None and ((step + 1) % eval_every == 0 or last):
                 model.eval()
-                acc = float(state_accuracy(model, val, vocab).mean())
+                per_len = state_accuracy(model, val, vocab)  # (T,) accuracy per prefix length
                 model.train()
+                acc = float(per_len.mean())
                 hist.eval_steps.append(step + 1)
                 hist.eval_acc.append(acc)
+                hist.eval_acc_at_len.append(float(per_len[-1]))
                 if hist.steps_to_threshold is None and acc >= threshold:
                     hist.steps_to_threshold = step + 1
-        hist.phases.append((name, n_steps))
+                if stop_at is not None and hist.eval_acc_at_len[-1] >= stop_at:
+                    hist.stopped_at = step + 1  # learned: further steps would only move it past the matched point
+                    break
+        hist.phases.append((name, done))
 
     if condition != "plain" and pre_steps > 0:
         phase("parity" if condition == "parity_cur" else "topic", pre_steps, seed + 1, evaluate=False)
@@ -311,14 +330,18 @@ def long_prefixes(length: int) -> list[int]:
 class Mechanism:
     """A run's three AA-vs-PAA indices (0 ~ AA, 1 ~ PAA), their mean, and the label.
 
+    An index without evidence is NaN (it abstains) rather than 0: a 0 would vote AA, and a tracker that makes no
+    errors, or whose patching pairs all fail, would be pushed toward AA by the absence of data.
+
     Attributes:
         probe_index: mean over early layers x long prefixes of (parity - state) probe accuracy above chance.
-        patch_index: mean over early layers of (diff-parity - same-parity) patching effect at the last token.
-        gen_index: among wrong predictions on the `frontier` of the generalisation curve (lengths where the
-            tracker fails but is above chance), the right-parity share above chance, ``(f - f0) / (1 - f0)`` (0 when
-            there are no errors: no evidence either way).
-        score: mean of the three indices.
-        label: ``PAA`` when score > threshold, else ``AA``.
+        patch_index: mean over early layers of (diff-parity - same-parity) patching effect at the last token (NaN
+            without a valid pair).
+        gen_index: among wrong predictions at the lengths read (the `frontier` of the generalisation curve, less
+            the lengths of the generalisation outcome), the right-parity share above chance, ``(f - f0) / (1 - f0)``
+            (NaN when the tracker makes no error there: no evidence either way).
+        score: mean of the indices that are defined (NaN when none is).
+        label: ``PAA`` when score > threshold, ``AA`` when not, ``abstain`` when no index is defined.
     """
 
     probe_index: float
@@ -328,22 +351,24 @@ class Mechanism:
     label: str
 
     def votes(self, thresholds: tuple[float, float, float]) -> dict[str, str]:
-        """Each index's own AA/PAA call at its threshold (agreement between signatures)."""
+        """Each index's own AA/PAA call at its threshold (agreement between signatures; ``abstain`` when NaN)."""
         vals = (self.probe_index, self.patch_index, self.gen_index)
-        return {k: "PAA" if v > th else "AA" for k, v, th in zip(("probe", "patch", "gen"), vals, thresholds)}
+        return {k: "abstain" if math.isnan(v) else "PAA" if v > th else "AA"
+                for k, v, th in zip(("probe", "patch", "gen"), vals, thresholds)}  # fmt: skip
 
 
 def probe_index(state: ProbeGrid, par: ProbeGrid, rows: Sequence[int], lengths: Sequence[int]) -> float:
-    """Mean over `rows` x `lengths` of parity minus state probe accuracy, both in above-chance units."""
+    """Mean over `rows` x `lengths` of parity minus state probe accuracy, both in above-chance units (NaN if empty)."""
     cols = [state.lengths.index(t) for t in lengths]
     d = par.above_chance()[np.ix_(list(rows), cols)] - state.above_chance()[np.ix_(list(rows), cols)]
-    return float(d.mean()) if d.size else 0.0
+    return float(d.mean()) if d.size else float("nan")
 
 
 def patch_index(same: PatchGrid, diff: PatchGrid, rows: Sequence[int]) -> float:
-    """Mean over `rows` of (diff-parity - same-parity) effect of patching the last token's residual."""
+    """Mean over `rows` of (diff-parity - same-parity) effect of patching the last token's residual; NaN when either
+    grid has no valid pair (no story answered right on both runs: nothing to read)."""
     if not rows or not same.n_valid or not diff.n_valid:
-        return 0.0
+        return float("nan")
     return float(np.mean([diff.effect[r, -1] - same.effect[r, -1] for r in rows]))
 
 
@@ -358,41 +383,50 @@ def frontier(curve: GenCurve, margin: float = 0.1) -> list[int]:
 
 
 def gen_index(curve: GenCurve, lengths: Sequence[int]) -> float:
-    """Right-parity share of the errors at `lengths` (1-based) above its chance level; 0 without errors.
+    """Right-parity share of the errors at `lengths` (1-based) above its chance level; NaN without errors.
 
     ``(f - f0) / (1 - f0)``: f the share of wrong predictions whose parity is right, f0 = (G/2 - 1) / (G - 1) that
     share for a uniformly random wrong state. PAA keeps the parity when it fails (the output was pruned to the right
-    coset): ~1; AA's errors do not: ~0.
+    coset): ~1; AA's errors do not: ~0. With no error (or no length) there is nothing to read: NaN, the index
+    abstains (a 0 would call a tracker that never fails AA, and tie the label to its accuracy).
     """
     cols = [t - 1 for t in lengths]
     if not cols:
-        return 0.0
+        return float("nan")
     wrong = 1.0 - curve.per_story[:, cols]  # (N, P)
     n_wrong = float(wrong.sum())
     if n_wrong == 0:
-        return 0.0
+        return float("nan")
     f = float((wrong * curve.per_story_parity[:, cols]).sum()) / n_wrong
     f0 = curve.chance_err_parity
     return float((f - f0) / (1.0 - f0))
 
 
 def classify(indices: Sequence[float], threshold: float = 0.4) -> Mechanism:
-    """`Mechanism` from (probe, patch, gen) indices: PAA when their mean exceeds `threshold`."""
+    """`Mechanism` from (probe, patch, gen) indices: PAA when the mean of the defined (non-NaN) ones exceeds
+    `threshold`, AA when it does not, ``abstain`` when none is defined."""
     p, q, g = (float(x) for x in indices)
-    score = (p + q + g) / 3.0
+    defined = [x for x in (p, q, g) if not math.isnan(x)]
+    if not defined:
+        return Mechanism(p, q, g, float("nan"), "abstain")
+    score = sum(defined) / len(defined)
     return Mechanism(p, q, g, score, "PAA" if score > threshold else "AA")
 
 
 def mechanism_score(state: ProbeGrid, par: ProbeGrid, same: PatchGrid, diff: PatchGrid, curve: GenCurve,
-                    *, n_layers: int, threshold: float = 0.4, margin: float = 0.1) -> Mechanism:  # fmt: skip
+                    *, n_layers: int, threshold: float = 0.4, margin: float = 0.1,
+                    gen_exclude: Sequence[int] = ()) -> Mechanism:  # fmt: skip
     """The three indices of one tracker and its label (see `Mechanism`): probes over early layers x long prefixes of
-    the probe stories, patching over early layers, error parities on the `frontier` of the generalisation curve."""
+    the probe stories, patching over early layers, error parities on the `frontier` of the generalisation curve
+    less the lengths in `gen_exclude` (those an outcome such as ``long_acc`` is read at: the mechanism must not be
+    read from the data it is compared with)."""
     rows = early_layers(n_layers)
+    skip = set(gen_exclude)
     return classify(
         (
             probe_index(state, par, rows, long_prefixes(state.lengths[-1])),
             patch_index(same, diff, rows),
-            gen_index(curve, frontier(curve, margin)),
+            gen_index(curve, [t for t in frontier(curve, margin) if t not in skip]),
         ),
         threshold,
     )
