@@ -1,5 +1,6 @@
 """Invariants of the control-variates win-rate estimator: α = 0 is the human mean, unbiasedness over seeded repeats,
-the ρ² saving, agreement with ppi-python where the estimators coincide, the simulated human, bad input."""
+the ρ² saving, agreement with ppi-python where the estimators coincide, the clipped α and estimate, the planted
+judges of the ρ² sweep and the claims they gate, the simulated human, bad input."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from lmlab.data.respcache import ResponseCache
 from lmlab.methods.evaluation.cv_winrate import method as M
 from lmlab.methods.evaluation.cv_winrate.config import CVWinrateConfig
-from lmlab.methods.evaluation.cv_winrate.experiment import pair_tables
+from lmlab.methods.evaluation.cv_winrate.experiment import _claims, pair_tables, simulated_sweep
 
 
 def _population(n_pairs: int = 400, seed: int = 0, bias: float = 0.15) -> tuple[np.ndarray, np.ndarray]:
@@ -101,6 +102,95 @@ def test_agrees_with_ppi_python_where_the_estimators_coincide():
     assert tuned.alpha == pytest.approx(lam)
 
 
+def _flat_judge_population(n_pairs: int = 120, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A judge like the zoo's log-prob one: nearly constant ẑ (spread 1e-3) with 5% far outliers, unrelated to z."""
+    rng = np.random.default_rng(seed)
+    z = rng.choice([0.0, 0.5, 1.0], n_pairs, p=[0.3, 0.3, 0.4])
+    zhat = 0.5 + 1e-3 * rng.standard_normal(n_pairs)
+    zhat[rng.choice(n_pairs, n_pairs // 20, replace=False)] = 0.99
+    return z, zhat
+
+
+def test_fitted_alpha_is_clipped_so_a_flat_judge_keeps_the_win_rate_in_range():
+    # the labeled pairs miss the outliers: Var(ẑ_H) ~ 1e-6, so Cov/Var is in the hundreds (the official, unclipped α)
+    z, zhat = _flat_judge_population()
+    idx = np.flatnonzero(zhat < 0.9)[:10]
+    est = M.control_variates_estimate(z[idx], zhat[idx], zhat)
+    assert 0.0 <= est.alpha <= 2.0  # ALPHA_CLIP
+    assert 0.0 <= est.ci_low <= est.estimate <= est.ci_high <= 1.0
+    raw = M.fit_alpha(z[idx], zhat[idx], clip=None)
+    assert abs(raw) > 10
+    official = M.control_variates_estimate(z[idx], zhat[idx], zhat, alpha_clip=None, clip_estimate=False)
+    assert official.alpha == pytest.approx(raw) and not 0.0 <= official.estimate <= 1.0
+
+
+def test_clipping_keeps_the_small_n_mse_near_human_only_where_the_unclipped_alpha_explodes():
+    z, zhat = _flat_judge_population()
+    theta = z.mean()
+    reps = M.repeat_estimates(z, zhat, 10, 2000, seed=0)
+    mse = {k: float(np.mean((reps[k] - theta) ** 2)) for k in ("human_only", "cv")}
+    assert reps["cv"].min() >= 0.0 and reps["cv"].max() <= 1.0
+    assert reps["alpha"].max() <= 2.0 and reps["alpha"].min() >= 0.0  # ALPHA_CLIP
+    assert mse["cv"] < 2.0 * mse["human_only"]  # clipped: the α noise costs at most a fraction of the human MSE
+    # the official estimator on this judge: win rates far outside [0, 1]
+    assert float(np.mean((reps["cv_unclipped"] - theta) ** 2)) > 10.0 * mse["human_only"]
+    # with a judge that tracks z, the clip is inactive and changes nothing
+    zz, zh = _population(400, seed=7)
+    good = M.repeat_estimates(zz, zh, 80, 500, seed=1)
+    np.testing.assert_allclose(good["cv"], good["cv_unclipped"])
+
+
+@pytest.mark.parametrize("target", [0.1, 0.3, 0.5])
+def test_planted_judge_hits_its_rho2_and_the_measured_saving_follows_it(target):
+    rng = np.random.default_rng(0)
+    d = rng.normal(0.1, 1.0, 20000)
+    xi = rng.standard_normal(d.size)
+    z, _ = M.simulated_human(d, np.zeros_like(d), tau=0.25, eps=0.05, seed=1)
+    s = M.calibrate_judge_noise(d, z, xi, target, bias=0.2, tau=0.25)
+    zhat = M.noisy_oracle_judge(d, xi, s, bias=0.2, tau=0.25)
+    assert M.predicted_saving(z, zhat) == pytest.approx(target, abs=1e-6)
+    # a fresh population from the same law: the saving of the fitted-α estimator is ρ² minus its O(1/n) cost
+    pop = slice(0, 2000)
+    rho2 = M.predicted_saving(z[pop], zhat[pop])
+    reps = M.repeat_estimates(z[pop], zhat[pop], 100, 3000, seed=2)
+    measured = 1.0 - reps["cv"].var() / reps["human_only"].var()
+    assert measured == pytest.approx(rho2, abs=0.04)
+
+
+def test_calibrate_judge_noise_refuses_a_rho2_the_human_noise_forbids():
+    d = np.random.default_rng(0).normal(0.0, 0.1, 4000)  # small gaps: the human is mostly a coin
+    z, _ = M.simulated_human(d, np.zeros_like(d), tau=0.25, eps=0.0, seed=0)
+    with pytest.raises(ValueError, match="reaches at most"):
+        M.calibrate_judge_noise(d, z, np.zeros_like(d), 0.9)
+
+
+def test_sweep_unit_is_the_simulated_population_and_the_sweep_gates_the_verdict():
+    cfg = CVWinrateConfig(repeats=100, sim_seeds=4, sim_items=120, sim_rho2=[0.3, 0.5])
+    sweep = simulated_sweep(cfg, 20)
+    assert sorted(sweep) == [0.3, 0.5]
+    for res in sweep.values():
+        assert res["saving"].shape == res["rho2"].shape == res["mse_cv"].shape == (4,)
+        assert len(set(np.round(res["rho2"], 12))) == 4  # four distinct populations, one value each
+    assert sweep[0.5]["rho2"].mean() > sweep[0.3]["rho2"].mean()
+    assert (sweep[0.5]["noise_sd"] < sweep[0.3]["noise_sd"]).all()
+    claims = _claims([10, 20, 50], 50, {}, [0.3, 0.5], 20, 0.05)
+    gated = [(c.metric, c.method, c.baseline) for c in claims if c.gate]
+    assert ("sim_r30_mse", "cv", "human_only") in gated and ("sim_r50_saving", "cv", "rho2_plus_tol") in gated
+    assert ("sim_r50_saving", "cv", "rho2_minus_tol") in gated
+    # the zoo's judge (ρ² ≈ 0.03) cannot show a saving: its MSE check is reported, not gated
+    assert not any(c.gate for c in claims if c.metric == "mse_n50" and c.baseline == "human_only")
+
+
+def test_smoke_run_records_one_sweep_value_per_population():
+    from lmlab.runner import run_method
+
+    res = run_method("cv_winrate", preset="smoke", write=False, show_progress=False, raise_errors=True, threads=1)
+    row = res.metric("cv", "sim_r30_saving")
+    assert row.n == 6  # sim_seeds of the smoke preset
+    assert any(c.gate and c.metric == "sim_r10_saving" for c in res.claims)
+    assert np.isfinite(res.metric("cv_unclipped", "mse_n10").value)
+
+
 def test_simulated_human_ties_and_probabilities():
     qa = np.array([1.0, 1.0, 0.0, 0.5])
     qb = np.array([0.0, 0.98, 1.0, 0.5])
@@ -142,6 +232,11 @@ def test_pair_tables_fills_missing_logprobs_with_the_variant_mean():
         (lambda: M.predicted_saving([1, 0], [0.2, 0.4], 2, 4, mode="exact"), "mode must be"),
         (lambda: CVWinrateConfig(n_labels=[1, 10]), "n_labels"),
         (lambda: CVWinrateConfig(tau=-1.0), "tau must be in"),
+        (lambda: CVWinrateConfig(alpha_clip=[2.0, 0.0]), "alpha_clip"),
+        (lambda: CVWinrateConfig(sim_rho2=[0.3, 1.2]), "sim_rho2"),
+        (lambda: M.fit_alpha([1, 0], [0.2, 0.4], clip=(1.0, 1.0)), "alpha_clip"),
+        (lambda: M.control_variates_estimate([2.0, 0.0], [0.5, 0.4], [0.5, 0.4]), "lie in"),
+        (lambda: M.calibrate_judge_noise([0.1, 0.2], [1, 0], [0.0, 0.0], 1.5), "target_rho2"),
     ],
 )
 def test_bad_input_is_a_one_line_value_error(call, match):

@@ -20,8 +20,19 @@ so the saving is ρ² at any n for α* = Cov/Var. When the N ẑ are an independ
 α² Var(ẑ)/N and the saving shrinks to ρ²(1 − n/N) (paper α) or ρ²/(1 + n/N) (PPI++ λ); `predicted_saving` gives
 all three.
 
-Everything here is numpy (no I/O). The simulated human and the judges built from the response cache live in
-the experiment.
+Clipping. A near-constant judge on H makes Var(ẑ_H) tiny and α = Cov/Var explode (the official
+``ControlVariatesEvaluatorV4`` does not guard it: win rates far outside [0, 1] at n = 10). The fitted α is clipped
+to `ALPHA_CLIP` = [0, 2]: for a fixed α, Var(θ̂) <= Var(human-only) iff α lies between 0 and 2α*, so [0, 2] is the
+no-harm range of a calibrated judge (E[z | ẑ] = ẑ gives α* = 1), and a negative α (a judge anti-correlated with
+humans on H, mostly noise at small n) falls back to the human mean, as PPI++'s clip of λ to [0, 1] does. The
+estimate, a win rate, is clipped to [0, 1] (a projection onto the range that holds θ: it can only lower the error).
+``alpha_clip=None`` with ``clip_estimate=False`` is the official unclipped estimator.
+
+Planted judges. `noisy_oracle_judge` ẑ = σ((d + b + s·ξ)/τ) sees the latent quality gap d the simulated human
+draws z from, blurred by noise s·ξ; `calibrate_judge_noise` picks s so that corr(z, ẑ)² hits a target ρ² (the sweep
+that tests "saving ≈ ρ²" where ρ² is large enough to show).
+
+Everything here is numpy (no I/O). The judges built from the response cache live in the experiment.
 """
 
 from __future__ import annotations
@@ -54,13 +65,31 @@ class CVEstimate:
     N: int
 
 
-def fit_alpha(z: np.ndarray, zhat: np.ndarray) -> float:
-    """α = Cov(z, ẑ) / Var(ẑ) on the labeled pairs (0 when ẑ is constant there or n < 2)."""
+ALPHA_CLIP: tuple[float, float] = (0.0, 2.0)  # the fitted α's range (module docstring, "Clipping")
+
+
+def _check_clip(clip: Any) -> tuple[float, float] | None:
+    if clip is None:
+        return None
+    try:
+        lo, hi = (float(c) for c in clip)
+    except (TypeError, ValueError):
+        raise ValueError(f"alpha_clip must be None or a (low, high) pair, got {clip!r}") from None
+    if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+        raise ValueError(f"alpha_clip must be a finite (low, high) pair with low < high, got {clip!r}")
+    return lo, hi
+
+
+def fit_alpha(z: np.ndarray, zhat: np.ndarray, clip: tuple[float, float] | None = ALPHA_CLIP) -> float:
+    """α = clip(Cov(z, ẑ) / Var(ẑ), *clip) on the labeled pairs (0 when ẑ is constant there or n < 2); ``clip=None``
+    is the official unclipped ratio."""
     z, zhat = _vec(z, "z"), _vec(zhat, "zhat")
+    bounds = _check_clip(clip)
     if z.size < 2:
         return 0.0
     var = float(np.var(zhat, ddof=1))
-    return 0.0 if var <= 1e-15 else float(np.cov(z, zhat, ddof=1)[0, 1] / var)
+    a = 0.0 if var <= 1e-15 else float(np.cov(z, zhat, ddof=1)[0, 1] / var)
+    return a if bounds is None else float(np.clip(a, *bounds))
 
 
 def ppi_plus_plus_lambda(z: np.ndarray, zhat: np.ndarray, zhat_all: np.ndarray) -> float:
@@ -84,8 +113,10 @@ def control_variates_estimate(
     *,
     confidence: float = 0.95,
     labeled_in_all: bool = True,
+    alpha_clip: tuple[float, float] | None = ALPHA_CLIP,
+    clip_estimate: bool = True,
 ) -> CVEstimate:
-    """θ̂_CV = mean(z_H) − α (mean(ẑ_H) − mean(ẑ_all)) with its SE and a normal CI.
+    """θ̂_CV = clip(mean(z_H) − α (mean(ẑ_H) − mean(ẑ_all)), 0, 1) with its SE and a normal CI (clipped to [0, 1]).
 
     Args:
         z_labeled: human labels of the n labeled pairs (z ∈ [0, 1], ties ½).
@@ -95,6 +126,8 @@ def control_variates_estimate(
             (0 = human-only, 1 = PPI).
         confidence: two-sided level of the CI.
         labeled_in_all: H ⊂ [N] (the paper's protocol: finite-population SE); else [N] is an independent pool.
+        alpha_clip: range of the fitted α (``"fit"`` only; `ALPHA_CLIP` = (0, 2)); None leaves it unclipped.
+        clip_estimate: clip the estimate and the CI to [0, 1] (z must then lie in [0, 1], a win rate).
     """
     z, h, ha = _vec(z_labeled, "z_labeled"), _vec(zhat_labeled, "zhat_labeled"), _vec(zhat_all, "zhat_all")
     if z.size != h.size:
@@ -103,9 +136,11 @@ def control_variates_estimate(
         raise ValueError(f"zhat_all must cover the labeled pairs (N >= n), got N = {ha.size} < n = {z.size}")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    if clip_estimate and (z.min() < 0.0 or z.max() > 1.0):
+        raise ValueError("z_labeled must lie in [0, 1] (a win rate) when clip_estimate=True; pass clip_estimate=False")
     if isinstance(alpha, str):
         if alpha == "fit":
-            a = fit_alpha(z, h)
+            a = fit_alpha(z, h, clip=alpha_clip)
         elif alpha == "ppi++":
             a = ppi_plus_plus_lambda(z, h, ha)
         else:
@@ -124,7 +159,10 @@ def control_variates_estimate(
     from scipy.stats import norm
 
     half = float(norm.ppf(0.5 + confidence / 2.0)) * np.sqrt(var)
-    return CVEstimate(est, a, float(np.sqrt(var)), float(est - half), float(est + half), n, big_n)
+    lo, hi = est - half, est + half
+    if clip_estimate:  # θ ∈ [0, 1], so the projection can only move the estimate closer to it
+        est, lo, hi = (float(np.clip(v, 0.0, 1.0)) for v in (est, lo, hi))
+    return CVEstimate(est, a, float(np.sqrt(var)), float(lo), float(hi), n, big_n)
 
 
 def human_only(z_labeled: Any, zhat_labeled: Any, zhat_all: Any, **kw: Any) -> CVEstimate:
@@ -184,13 +222,20 @@ def labels_needed(z: Any, zhat: Any, half_width: float, *, confidence: float = 0
 
 
 # ------------------------------------------------------------------------------------------ repeated estimation
-def repeat_estimates(z: Any, zhat: Any, n: int, repeats: int, seed: int = 0) -> dict[str, np.ndarray]:
+def repeat_estimates(
+    z: Any, zhat: Any, n: int, repeats: int, seed: int = 0, *, alpha_clip: tuple[float, float] | None = ALPHA_CLIP
+) -> dict[str, np.ndarray]:
     """Estimates of every estimator over `repeats` random labeled subsets H (n of the N, without replacement), [R]
-    each: ``human_only``, ``cv`` (α fitted on H), ``cv_ppi++``, ``ppi`` (α = 1), ``synthetic_only``; plus
-    ``cv_covered`` (1 if the CV 95% CI holds the full-population mean of z)."""
+    each: ``human_only``, ``cv`` (α fitted on H and clipped to `alpha_clip`), ``cv_ppi++``, ``ppi`` (α = 1),
+    ``synthetic_only``, all clipped to [0, 1] as `control_variates_estimate` does; ``cv_unclipped`` (the official
+    estimator: α and estimate unclipped); ``cv_covered`` (1 if the CV 95% CI holds the full-population mean of z);
+    ``alpha`` (clipped) and ``alpha_unclipped``."""
     from scipy.stats import norm
 
     z, zhat = _vec(z, "z"), _vec(zhat, "zhat")
+    bounds = _check_clip(alpha_clip)
+    if z.min() < 0.0 or z.max() > 1.0:
+        raise ValueError("z must lie in [0, 1] (a win rate)")
     big_n = z.size
     if zhat.size != big_n:
         raise ValueError(f"z and zhat must have the same length, got {big_n} and {zhat.size}")
@@ -204,7 +249,8 @@ def repeat_estimates(z: Any, zhat: Any, n: int, repeats: int, seed: int = 0) -> 
     mz, mh, mall = zh.mean(1), hh.mean(1), zhat.mean()
     dz, dh = zh - mz[:, None], hh - mh[:, None]
     var_h = (dh**2).sum(1) / (n - 1)
-    alpha = np.where(var_h > 1e-15, (dz * dh).sum(1) / (n - 1) / np.where(var_h > 1e-15, var_h, 1.0), 0.0)
+    alpha_raw = np.where(var_h > 1e-15, (dz * dh).sum(1) / (n - 1) / np.where(var_h > 1e-15, var_h, 1.0), 0.0)
+    alpha = alpha_raw if bounds is None else np.clip(alpha_raw, *bounds)
     pooled_var = (np.sum(hh**2, 1) + np.sum(zhat**2) - (hh.sum(1) + zhat.sum()) ** 2 / (n + big_n)) / (n + big_n - 1)
     lam = np.where(pooled_var > 1e-15, (dz * dh).mean(1) / ((1 + n / big_n) * np.where(pooled_var > 1e-15,
                    pooled_var, 1.0)), 0.0)  # fmt: skip
@@ -215,12 +261,15 @@ def repeat_estimates(z: Any, zhat: Any, n: int, repeats: int, seed: int = 0) -> 
     q = float(norm.ppf(0.975))
     return {
         "human_only": mz,
-        "cv": cv,
-        "cv_ppi++": mz - lam * (mh - mall),
-        "ppi": mz - (mh - mall),
+        "cv": np.clip(cv, 0.0, 1.0),
+        "cv_ppi++": np.clip(mz - lam * (mh - mall), 0.0, 1.0),
+        "ppi": np.clip(mz - (mh - mall), 0.0, 1.0),
         "synthetic_only": np.full(repeats, mall),
+        "cv_unclipped": mz - alpha_raw * (mh - mall),
+        # θ ∈ [0, 1]: clipping the CI to [0, 1] does not change whether it holds θ
         "cv_covered": (np.abs(cv - z.mean()) <= q * se).astype(float),
         "alpha": alpha,
+        "alpha_unclipped": alpha_raw,
     }
 
 
@@ -239,6 +288,44 @@ def simulated_human(q_a: Any, q_b: Any, *, tau: float, eps: float, seed: int = 0
     u = np.random.default_rng(seed).random(d.size)
     z = np.where(np.abs(d) < eps, 0.5, (u < p).astype(float))
     return z, p
+
+
+def noisy_oracle_judge(gap: Any, xi: Any, noise_sd: float, *, bias: float = 0.0, tau: float = 0.25) -> np.ndarray:
+    """A planted synthetic judge ẑ = σ((d + b + s·ξ) / τ): it sees the latent quality gap d = q_A − q_B the simulated
+    human draws z from, shifted by a bias b and blurred by s·ξ (ξ the given standard-normal draws, [N], so one set of
+    draws serves every noise level). s = 0 is the best judge of d (up to b); s → ∞ is a coin."""
+    d, x = _vec(gap, "gap"), _vec(xi, "xi")
+    if d.size != x.size:
+        raise ValueError(f"gap and xi must have the same length, got {d.size} and {x.size}")
+    if not noise_sd >= 0 or not tau > 0:
+        raise ValueError(f"noise_sd must be >= 0 and tau > 0, got {noise_sd!r}, {tau!r}")
+    return 1.0 / (1.0 + np.exp(-(d + bias + noise_sd * x) / tau))
+
+
+def calibrate_judge_noise(
+    gap: Any, z: Any, xi: Any, target_rho2: float, *, bias: float = 0.0, tau: float = 0.25, iters: int = 60
+) -> float:
+    """The noise s of `noisy_oracle_judge` at which corr(z, ẑ)² = `target_rho2` on the given population (bisection;
+    ρ² falls as s grows). Raises when even s = 0 stays below the target (the human's own label noise caps ρ²)."""
+    d, zz = _vec(gap, "gap"), _vec(z, "z")
+    if not 0.0 < target_rho2 < 1.0:
+        raise ValueError(f"target_rho2 must be in (0, 1), got {target_rho2!r}")
+
+    def rho2(s: float) -> float:
+        return float(np.corrcoef(zz, noisy_oracle_judge(d, xi, s, bias=bias, tau=tau))[0, 1] ** 2)
+
+    best = rho2(0.0)
+    if best < target_rho2:
+        raise ValueError(f"a planted judge reaches at most rho2 = {best:.3f} on this population, below {target_rho2}")
+    lo, hi = 0.0, 1.0
+    while rho2(hi) > target_rho2:
+        hi *= 2.0
+        if hi > 1e6:
+            raise ValueError(f"no judge noise brings rho2 down to {target_rho2}")
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if rho2(mid) > target_rho2 else (lo, mid)
+    return 0.5 * (lo + hi)
 
 
 def bt_judge(score_a: Any, score_b: Any, temperature: float = 1.0) -> np.ndarray:
