@@ -362,6 +362,120 @@ def test_geobigedit_stream_has_timestamps_re_edits_real_changes_and_multi_hop():
     assert not {g.meta["key"] for g in general} & {e.meta["key"] for e in stream}
 
 
+def test_default_stream_leaves_min_n_facts_to_every_gated_check():
+    # the claims read the last increment's facts (edit accuracy) and the first increment's facts that no later
+    # increment re-edits (ROME's degradation); a decisive status needs min_n of them after filter_edits, which
+    # dropped 2 of 18 edits (11%) in the 2026-12-04 run: leave room for 20%
+    from lmlab.core.stats.uncertainty import default_min_n
+    from lmlab.data.geobigedit import increments_of
+
+    cfg = WikiBigEditConfig()
+    stream = data.load("geobigedit", None, seed=cfg.seed, split="test", increments=cfg.increments,
+                       edits_per_increment=cfg.edits_per_increment, reedit_fraction=cfg.reedit_fraction)  # fmt: skip
+    incs = increments_of(stream)
+    later = {e.meta["key"] for inc in incs[1:] for e in inc}
+    first_kept = {e.meta["key"] for e in incs[0]} - later
+    last = {e.meta["key"] for e in incs[-1]}
+    need = default_min_n(0.95)
+    assert int(0.8 * len(last)) >= need and int(0.8 * len(first_kept)) >= need, (len(last), len(first_kept))
+    assert "memit" not in cfg.methods  # MEMIT is the full setting: its ~110 s would break the 5-minute default
+
+
+class _Noop(M.Editor):
+    def apply(self, requests):
+        return {}
+
+
+def test_rag_is_scored_after_shots_that_show_a_retrieved_fact_in_use(tiny_llama, tiny_tokenizer, monkeypatch):
+    from lmlab.methods.analysis.wikibigedit.experiment import _editor
+
+    fact = _fact("capital/NO", "Bergen", 0)
+    ref = M.make_reference(tiny_llama, tiny_tokenizer, [fact], [], [])
+    prefixes: list[str] = []
+    real = M.score_answers
+
+    def spy(model, tok, questions, answers, **kw):
+        prefixes.append(kw.get("prefix"))
+        return real(model, tok, questions, answers, **kw)
+
+    monkeypatch.setattr(M, "score_answers", spy)
+    rag = B.RAGEditor(tiny_llama, tiny_tokenizer, B.hashing_embedder())
+    M.run_lifelong(rag, [[fact]], ref)
+    lines = prefixes[-1].strip().split("\n")
+    facts, qas = lines[0::2], lines[1::2]
+    assert len(qas) == 3 and all(f.startswith("Fact: ") for f in facts) and all(q.startswith("Q: ") for q in qas)
+    plain = dict(line.split(" A: ") for line in M.FEWSHOT.strip().split("\n"))
+    shots = [q.split(" A: ") for q in qas]
+    assert [q for q, _ in shots] == list(plain)  # the same questions as every other editor's shots
+    used = [a in f for (_, a), f in zip(shots, facts)]
+    assert any(used) and not all(used)  # shots that use their fact, and one that ignores an unrelated fact
+    # one shot follows a fact that contradicts the plain shots' answer (the stream's edits are counterfactuals)
+    assert any(u and plain[q] != a for u, (q, a) in zip(used, shots))
+    # every other editor keeps the plain shots; so does the EasyEdit-shaped API of each
+    prefixes.clear()
+    M.run_lifelong(_Noop(tiny_llama, tiny_tokenizer), [[fact]], ref)
+    assert set(prefixes) == {M.FEWSHOT}
+    prefixes.clear()
+    rag.edit([EDIT.src], ["Bergen"], ["Norway"])
+    assert set(prefixes) == {B.FEWSHOT_FACTS}
+    # the experiment builds RAG with the fact shots, or the plain ones when asked
+    for fact_shots, want in ((True, B.FEWSHOT_FACTS), (False, M.FEWSHOT)):
+        cfg = WikiBigEditConfig(retriever="hashing", rag_fact_shots=fact_shots)
+        assert _editor("rag", cfg, tiny_llama, tiny_tokenizer, {}).shots == want
+
+
+def test_fine_tuning_lrs_are_the_recipes_scaled_rate_times_a_dev_searched_multiplier(tiny_llama, tiny_tokenizer):
+    import math
+
+    from lmlab.methods.analysis.wikibigedit.experiment import _editor, scaled_lr, search_editor_lrs
+
+    cfg = WikiBigEditConfig()
+    shared = {"ft_layers": [1]}
+    # lora_main.py: lr * batch_size / 256, for LoRA and (the same loop) FT
+    assert scaled_lr(cfg, "lora") == pytest.approx(cfg.lora_lr * cfg.lora_batch / 256)
+    assert scaled_lr(cfg, "lora_merge") == scaled_lr(cfg, "lora")
+    assert _editor("lora", cfg, tiny_llama, tiny_tokenizer, shared).lr == pytest.approx(5e-3 * 4 / 256)
+    assert _editor("ft", cfg, tiny_llama, tiny_tokenizer, shared).lr == pytest.approx(5e-4 * 4 / 256)
+    unscaled = WikiBigEditConfig(lora_lr_batch_scaling=False)
+    assert _editor("ft", unscaled, tiny_llama, tiny_tokenizer, shared).lr == pytest.approx(5e-4)
+    # the dev search: LoRA's best lies between the grid's top two points, FT's at its bottom point
+    target = {"lora": 40 * scaled_lr(cfg, "lora"), "ft": scaled_lr(cfg, "ft")}
+    calls: list[tuple[str, float]] = []
+
+    def dev_score(name, lr):
+        calls.append((name, lr))
+        return (math.log(lr) - math.log(target[name])) ** 2
+
+    res = search_editor_lrs(cfg, dev_score)
+    assert set(res) == {"lora", "ft"}  # LoRA-Merge has no search of its own
+    lora_tried = sorted(lr / scaled_lr(cfg, "lora") for lr, _, _ in res["lora"].tried)
+    assert lora_tried == pytest.approx([1, 8, 64, 512])  # the top-edge choice extended the grid at its ratio
+    assert res["lora"].chosen == pytest.approx(64 * scaled_lr(cfg, "lora")) and res["lora"].edge is None
+    assert res["ft"].chosen == pytest.approx(scaled_lr(cfg, "ft")) and res["ft"].extensions == 1
+    chosen = {**shared, "lr": {n: r.chosen for n, r in res.items()}}
+    assert _editor("lora_merge", cfg, tiny_llama, tiny_tokenizer, chosen).lr == res["lora"].chosen
+    assert _editor("ft", cfg, tiny_llama, tiny_tokenizer, chosen).lr == res["ft"].chosen
+    # only the editors that run are searched; LoRA-Merge alone still needs LoRA's search
+    assert set(search_editor_lrs(WikiBigEditConfig(methods=["lora_merge", "rome"]), dev_score)) == {"lora"}
+    assert search_editor_lrs(WikiBigEditConfig(methods=["rag", "rome"]), dev_score) == {}
+
+
+def test_fine_tuned_editors_must_beat_the_unedited_model_and_rag_shots_are_reported():
+    from types import SimpleNamespace
+
+    from lmlab.methods.analysis.wikibigedit.experiment import RAG_PLAIN, _claims
+
+    systems = ("pre_edit", "rag", RAG_PLAIN, "lora", "lora_merge", "ft", "rome")
+    vals = {(s, "edit_acc"): [0.5, 0.25, 1.0] for s in systems}
+    ctx = SimpleNamespace(has=lambda s, m: (s, m) in vals, values=lambda s, m: vals[(s, m)])
+    claims = _claims(ctx, WikiBigEditConfig())
+    trained = {c.method for c in claims if c.baseline == "pre_edit" and c.min_effect == 0 and c.gate}
+    assert trained == {"lora", "lora_merge", "ft"}  # gated: training has to move the model
+    shots = [c for c in claims if RAG_PLAIN in (c.method, c.baseline)]
+    assert [(c.method, c.baseline, c.gate) for c in shots] == [("rag", RAG_PLAIN, False)]
+    assert all(RAG_PLAIN not in (c.method, c.baseline) for c in claims if c.gate)  # never RAG's "best other"
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Bad input
 
@@ -378,6 +492,10 @@ def test_geobigedit_stream_has_timestamps_re_edits_real_changes_and_multi_hop():
         ({"memit_layers": [5, 3]}, "memit_layers"),
         ({"ft_layers": []}, "ft_layers"),
         ({"rome_clamp": 0.0}, "rome_clamp"),
+        ({"lr_search": []}, "lr_search"),
+        ({"lr_search": [1.0, 1.0]}, "lr_search"),
+        ({"lr_search": [0.0, 8.0]}, "lr_search"),
+        ({"lr_dev_edits": 0}, "lr_dev_edits"),
     ],
 )
 def test_config_rejects_bad_values(kw, match):

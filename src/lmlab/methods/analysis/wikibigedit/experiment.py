@@ -9,17 +9,29 @@ Protocol here (WikiBigEdit's ``run_lifelong_edit.py``): the GeoBigEdit stream of
 `edits_per_increment` records (`lmlab.data.geobigedit`, test split), minus the edits the unedited model already
 answers (``filter_edits``). Every editor starts from the same unedited model and applies the increments in order
 without rollback; after each increment every fact edited so far is scored at its latest value with the paper's
-teacher-forced token accuracy in "Q: ... A: ..." after 3 fixed shots: edit (src), rephrase, persona, multi-hop,
-locality (agreement with the unedited model's predictions), plus held-out unedited facts (general ability) and the
-log-likelihood of HumanEval prompts (fluency). The unit of every CI is the fact (edit).
+teacher-forced token accuracy in "Q: ... A: ..." after 3 fixed shots (RAG's shots also carry a "Fact:" line, as its
+prompts do; the plain-shot variant is re-scored after the last increment and reported): edit (src), rephrase,
+persona, multi-hop, locality (agreement with the unedited model's predictions), plus held-out unedited facts (general
+ability) and the log-likelihood of HumanEval prompts (fluency). The unit of every CI is the fact (edit).
+
+Learning rates of the fine-tuning editors: the official recipe's lr * batch / 256 (``lora_main.py``), times a
+multiplier that the shared dev search (`lmlab.core.training.lr_search.search_lr`, the same rule for LoRA and FT)
+picks: each trial trains a fresh copy on one increment of the GeoBigEdit *dev* split and scores that increment's
+held-out rephrases (test facts never choose); a choice on the grid's edge extends it. LoRA-Merge trains at LoRA's lr,
+as the official configs do. The paper's increments hold ~1000x more optimiser steps than these, so its per-step rate
+need not move the model here: a gated check asks that each fine-tuned editor's edit accuracy beats the unedited
+model's.
 
 Claim checks, after the last increment, all paired by fact: `rag_best` (RAG's edit accuracy on the last increment
 and retention of the earlier ones above the best other editor's), `merge_best_parametric` (LoRA-Merge's locality
 and general ability above the best other parametric editor's; its retention above LoRA's and FT's), `rome_degrades`
 (ROME's last-increment edit accuracy far above the unedited model's, while the first increment's facts lose
 accuracy and locality, and the general facts lose accuracy, from right after the first increment to after the last),
-`mhop_low` (RAG's multi-hop accuracy above every parametric editor's). Which checks run depends on the editors in
-`methods`. Mechanism: ROME's rank-one update reproduces v* at its key (relative residual < 1e-4).
+`mhop_low` (RAG's multi-hop accuracy above every parametric editor's), `trained` (LoRA's, LoRA-Merge's and FT's
+edit accuracy on the last increment above the unedited model's: training moved the model, so their locality and
+general scores are not the unedited model's by default). Which checks run depends on the editors in `methods`.
+Reported: RAG with its fact shots against the plain shots (edit accuracy, retention). Mechanism: ROME's rank-one
+update reproduces v* at its key (relative residual < 1e-4).
 """
 
 from __future__ import annotations
@@ -28,20 +40,22 @@ import copy
 import io
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lmlab.core.training.lr_search import LrSearch, search_lr
 from lmlab.methods.analysis.wikibigedit.baselines import (
+    FEWSHOT_FACTS,
     FTEditor,
     LoRAEditor,
     RAGEditor,
     hashing_embedder,
     minilm_embedder,
 )
-from lmlab.methods.analysis.wikibigedit.config import PARAMETRIC
+from lmlab.methods.analysis.wikibigedit.config import FINE_TUNED, LR_BATCH_REF, PARAMETRIC
 from lmlab.methods.analysis.wikibigedit.locate_edit import (
     MEMITEditor,
     ROMEEditor,
@@ -59,10 +73,12 @@ from lmlab.methods.analysis.wikibigedit.method import (
     known_before,
     make_reference,
     run_lifelong,
+    score_answers,
 )
 from lmlab.results import Claim
 
 RESIDUAL_TOL = 1e-4  # ROME's (W + dW) k* = v*, float32 weights after a float64 update
+RAG_PLAIN, RAG_FACTS = "rag_plain_shots", "rag_fact_shots"  # RAG re-scored with the shots it did not run with
 CURVE_METRICS = ("edit", "retention", "rephrase", "persona", "mhop", "locality", "general")
 FLUENCY_CHARS = 400  # HumanEval prompts are cut to their first characters (about 100 tokens): budget
 
@@ -104,22 +120,53 @@ def build_geobigedit(
     return records
 
 
+def scaled_lr(cfg: Any, name: str) -> float:
+    """The official recipe's rate of a fine-tuning editor (``lora_main.py``: ``lr * batch_size / 256``) before the
+    dev search's multiplier; LoRA-Merge has LoRA's (the official merge configs keep LoRA's lr)."""
+    if name not in FINE_TUNED:
+        raise ValueError(f"only {', '.join(FINE_TUNED)} have a searched learning rate, got {name!r}")
+    base = cfg.ft_lr if name == "ft" else cfg.lora_lr
+    return base * (cfg.lora_batch / LR_BATCH_REF if cfg.lora_lr_batch_scaling else 1.0)
+
+
+def search_editor_lrs(cfg: Any, dev_score: Callable[[str, float], float]) -> dict[str, LrSearch]:
+    """The dev search of each fine-tuning editor's lr, the same rule for LoRA and FT (`search_lr`).
+
+    `dev_score(name, lr)`: lower is better (the experiment: 1 - token accuracy on the dev increment's held-out
+    rephrases after training on it). The grid is `scaled_lr` times `cfg.lr_search`, extended past an edge at its own
+    ratio there up to `cfg.lr_max_extensions` times. LoRA-Merge has no search of its own: it trains at LoRA's lr (one
+    search when either LoRA editor runs). Returns {"lora" / "ft": its search}.
+    """
+    names = [n for n in ("lora", "ft") if n in cfg.methods or (n == "lora" and "lora_merge" in cfg.methods)]
+    out = {}
+    for name in names:
+        grid = [scaled_lr(cfg, name) * float(m) for m in cfg.lr_search]
+        out[name] = search_lr(lambda lr, name=name: dev_score(name, lr), grid, max_extensions=cfg.lr_max_extensions)
+    return out
+
+
 def _editor(name: str, cfg: Any, base: Any, tok: Any, shared: dict[str, Any]) -> Editor:
-    """A fresh editor on its own copy of the unedited model (RAG shares it: it never changes weights)."""
+    """A fresh editor on its own copy of the unedited model (RAG shares it: it never changes weights).
+
+    The fine-tuning editors train at ``shared["lr"][name]`` (the dev search's choice; LoRA-Merge takes LoRA's), or at
+    the recipe's `scaled_lr` when no search ran."""
     if name == "rag":
         if "embed" not in shared:
             shared["embed"] = minilm_embedder() if cfg.retriever == "minilm" else hashing_embedder()
-        return RAGEditor(base, tok, shared["embed"], top_k=cfg.rag_top_k)
+        shots = FEWSHOT_FACTS if cfg.rag_fact_shots else FEWSHOT
+        return RAGEditor(base, tok, shared["embed"], top_k=cfg.rag_top_k, shots=shots)
     model = copy.deepcopy(base)
     value_kw = dict(steps=cfg.rome_steps, lr=cfg.rome_lr, weight_decay=cfg.rome_weight_decay,
                     clamp_norm_factor=cfg.rome_clamp, kl_factor=cfg.rome_kl)  # fmt: skip
+    if name in FINE_TUNED:
+        searched = "lora" if name == "lora_merge" else name
+        lr = shared.get("lr", {}).get(searched, scaled_lr(cfg, searched))
     if name in ("lora", "lora_merge"):
-        lr = cfg.lora_lr * (cfg.lora_batch / 256 if cfg.lora_lr_batch_scaling else 1.0)
         return LoRAEditor(model, tok, rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, lr=lr,
                           epochs=cfg.lora_epochs, batch_size=cfg.lora_batch, seed=cfg.seed,
                           merge_alpha=cfg.merge_alpha if name == "lora_merge" else None)  # fmt: skip
     if name == "ft":
-        return FTEditor(model, tok, layers=shared["ft_layers"], lr=cfg.ft_lr, epochs=cfg.lora_epochs,
+        return FTEditor(model, tok, layers=shared["ft_layers"], lr=lr, epochs=cfg.lora_epochs,
                         batch_size=cfg.lora_batch, seed=cfg.seed)  # fmt: skip
     if name == "rome":
         cov = shared["covs"][cfg.rome_layer] if cfg.rome_mom2 else None
@@ -129,6 +176,46 @@ def _editor(name: str, cfg: Any, base: Any, tok: Any, shared: dict[str, Any]) ->
         return MEMITEditor(model, tok, layers=list(cfg.memit_layers), templates=shared["templates"],
                            covs=shared["covs"], lam=cfg.memit_lambda, **value_kw)  # fmt: skip
     raise ValueError(f"unknown editor {name!r}")
+
+
+def _dev_lr_search(ctx: Any, cfg: Any, model: Any, tok: Any, shared: dict[str, Any], prefix: str) -> None:
+    """Run `search_editor_lrs` on one increment of the GeoBigEdit dev split; ``shared["lr"]`` gets the choices.
+
+    A trial: a fresh editor (its own copy of the unedited model) applies the dev increment (minus the edits the
+    model already answers, as on test), then the dev facts' rephrases are scored (teacher-forced token accuracy,
+    the run's shots): held-out wordings of what it trained on. Records the table ``lr_search`` and, for a choice
+    still on an edge of its grid, the flag ``lr_still_on_edge``."""
+    stream = ctx.data("geobigedit", None, split="dev", increments=1, edits_per_increment=cfg.lr_dev_edits)
+    dev = [EditRecord.from_example(e) for e in stream]
+    if cfg.filter_known:
+        known = known_before(model, tok, dev, prefix=prefix, batch_size=cfg.batch_size)
+        dev = [r for r, k in zip(dev, known) if not k]
+    dev = [r for r in dev if r.rephrase]
+    if not dev:
+        raise ValueError("the GeoBigEdit dev increment has no edit left to choose a learning rate on")
+    t0 = time.perf_counter()
+
+    def dev_score(name: str, lr: float) -> float:
+        editor = _editor(name, cfg, model, tok, {**shared, "lr": {name: lr}})
+        editor.apply(dev)
+        scored = score_answers(editor.model, tok, [r.rephrase for r in dev], [r.alt for r in dev], prefix=prefix,
+                               batch_size=cfg.batch_size)  # fmt: skip
+        return 1.0 - float(np.mean([sc.token_acc for sc in scored]))
+
+    searches = search_editor_lrs(cfg, dev_score)
+    shared["lr"] = {name: res.chosen for name, res in searches.items()}
+    rows = [{"editor": name, "lr": lr, "multiplier": round(lr / scaled_lr(cfg, name), 6),
+             "dev_rephrase_acc": round(1.0 - score, 4), "extension": ext, "chosen": lr == res.chosen}
+            for name, res in searches.items() for lr, score, ext in res.tried]  # fmt: skip
+    if rows:
+        ctx.table("lr_search", rows)
+        ctx.flag("lr_search", {name: {"lr": res.chosen, "multiplier": round(res.chosen / scaled_lr(cfg, name), 6),
+                                      "edge": res.edge, "dev_edits": len(dev)}
+                               for name, res in searches.items()})  # fmt: skip
+        ctx.record_value("lr_search", "time", time.perf_counter() - t0, unit="s", note=f"{len(rows)} dev trials")
+    edges = {name: res.edge for name, res in searches.items() if res.edge}
+    if edges:
+        ctx.flag("lr_still_on_edge", edges)
 
 
 def _check_model(model: Any, cfg: Any) -> None:
@@ -231,6 +318,16 @@ def _claims(ctx: Any, cfg: Any) -> list[Claim]:
         for m in ms:
             if m in PARAMETRIC and ctx.has("rag", "mhop") and ctx.has(m, "mhop"):
                 claims.append(Claim("mhop", "rag", m, ">", text=f"mhop_low: {m}'s multi-hop accuracy is below RAG's"))
+        # reported: the same memory scored after shots with and without "Fact:" lines (one of them is "rag")
+        with_facts, plain = ("rag", RAG_PLAIN) if cfg.rag_fact_shots else (RAG_FACTS, "rag")
+        for metric, what in (("edit_acc", "edit accuracy on the last increment"), ("retention", "retention")):
+            if ctx.has(with_facts, metric) and ctx.has(plain, metric):
+                text = f"rag_shots: RAG's {what} after shots that show a fact in use is above its plain-shot value"
+                claims.append(Claim(metric, with_facts, plain, ">", gate=False, text=text))
+    for m in FINE_TUNED:
+        if m in ms and ctx.has(m, "edit_acc") and ctx.has("pre_edit", "edit_acc"):
+            claims.append(Claim("edit_acc", m, "pre_edit", ">", text=f"trained: {m}'s edit accuracy on the last "
+                                "increment is above the unedited model's (training moved the model)"))  # fmt: skip
     if "lora_merge" in ms:
         params = [m for m in ms if m in PARAMETRIC]
         for metric in ("locality", "general"):
@@ -338,6 +435,8 @@ def run(cfg: Any, ctx: Any) -> Any:
             note = f"{len(texts)} corpus passages x <= {cfg.cov_tokens} tokens, layers {need}"
             ctx.record_value("covariance", "time", time.perf_counter() - t_cov, unit="s", note=note)
     ctx.record_value("pre_edit", "setup_time", time.perf_counter() - t0, unit="s")
+    if any(m in FINE_TUNED for m in cfg.methods):
+        _dev_lr_search(ctx, cfg, model, tok, shared, prefix)
 
     # the unedited model: the reference every "edits changed something" check compares with
     pre = Editor(model, tok)
@@ -358,9 +457,19 @@ def run(cfg: Any, ctx: Any) -> Any:
     samples: list[dict[str, Any]] = []
     for name in ctx.progress(cfg.methods, "editors"):
         editor = _editor(name, cfg, model, tok, shared)
-        results = run_lifelong(editor, increments, ref, prefix=prefix, batch_size=cfg.batch_size)
+        shots = editor.shots if cfg.fewshot else ""
+        results = run_lifelong(editor, increments, ref, prefix=shots, batch_size=cfg.batch_size)
         rows += [_curve_row(name, r) for r in results]
         _record_final(ctx, name, results, facts)
+        if isinstance(editor, RAGEditor) and cfg.fewshot:
+            # the other shots on the same memory after the last increment: what the fact demonstrations add
+            other, other_shots = (RAG_PLAIN, FEWSHOT) if cfg.rag_fact_shots else (RAG_FACTS, FEWSHOT_FACTS)
+            last = results[-1]
+            scores, gen, flu = evaluate_facts(editor, [facts[k] for k in last.current + last.past], ref,
+                                              prefix=other_shots, batch_size=cfg.batch_size)  # fmt: skip
+            res = IncrementResult(last.increment, last.n_edits, last.current, last.past, scores, gen, flu, 0.0, 0.0)
+            rows.append(_curve_row(other, res))
+            _record_final(ctx, other, [res], facts)
         ctx.record_value(name, "edit_time", sum(r.edit_s for r in results), unit="s")
         ctx.record_value(name, "eval_time", sum(r.eval_s for r in results), unit="s")
         if isinstance(editor, ROMEEditor) and editor.residuals:

@@ -205,10 +205,13 @@ class Editor:
     Attributes:
         model: the model to score (edited in place by parametric editors; a peft model for plain LoRA).
         parametric (`bool`): whether editing changes weights (False for RAG).
+        shots (`str`): the few-shot prefix its questions are scored after, in the format of its own prompts
+            (`FEWSHOT`; RAG's shots also carry the "Fact:" lines its prompts have).
     """
 
     name = "editor"
     parametric = True
+    shots = FEWSHOT
 
     def __init__(self, model: nn.Module, tokenizer: Any):
         self.model = model
@@ -249,7 +252,8 @@ class Editor:
         pre_loc = None
         if locality_inputs:
             loc_q, loc_a = locality_inputs["prompt"], locality_inputs["ground_truth"]
-            pre_loc = score_answers(self.model, self.tokenizer, loc_q, loc_a, contexts=self.contexts(loc_q))
+            pre_loc = score_answers(self.model, self.tokenizer, loc_q, loc_a, contexts=self.contexts(loc_q),
+                                    prefix=self.shots)  # fmt: skip
         reqs = [EditRecord(key=keys[i] if keys else f"edit/{self.n_edits + i}", src=p, alt=t, subject=s,
                            sentence=sentences[i] if sentences else f"{p} {t}")
                 for i, (p, t, s) in enumerate(zip(prompts, target_new, subject))]  # fmt: skip
@@ -257,15 +261,15 @@ class Editor:
         out: dict[str, list[float]] = {}
 
         def acc(qs: Sequence[str], ans: Sequence[str]) -> list[float]:
-            return [
-                s.token_acc for s in score_answers(self.model, self.tokenizer, qs, ans, contexts=self.contexts(qs))
-            ]
+            scored = score_answers(self.model, self.tokenizer, qs, ans, contexts=self.contexts(qs), prefix=self.shots)
+            return [s.token_acc for s in scored]
 
         out["rewrite_acc"] = acc(prompts, target_new)
         if rephrase_prompts:
             out["rephrase_acc"] = acc(rephrase_prompts, target_new)
         if locality_inputs and pre_loc is not None:
-            post = score_answers(self.model, self.tokenizer, loc_q, loc_a, contexts=self.contexts(loc_q))
+            post = score_answers(self.model, self.tokenizer, loc_q, loc_a, contexts=self.contexts(loc_q),
+                                 prefix=self.shots)  # fmt: skip
             out["locality"] = [agreement(b.pred, a.pred) for a, b in zip(pre_loc, post)]
         if portability_inputs:
             out["portability"] = acc(portability_inputs["prompt"], portability_inputs["ground_truth"])
@@ -340,10 +344,13 @@ def fluency_logprob(model: nn.Module, tokenizer: Any, texts: Sequence[str], *, b
 
 
 def evaluate_facts(
-    editor: Editor, facts: Sequence[EditRecord], ref: Reference, *, prefix: str = FEWSHOT, batch_size: int = 8
+    editor: Editor, facts: Sequence[EditRecord], ref: Reference, *, prefix: str | None = None, batch_size: int = 8
 ) -> tuple[dict[str, dict[str, float]], list[float], list[float]]:
     """Score every fact's latest value: edit (src), rephrase, persona, mhop (token accuracy), locality (agreement
-    with the pre-edit argmax), exact (all src tokens right), retrieval hit (RAG); plus general facts and fluency."""
+    with the pre-edit argmax), exact (all src tokens right), retrieval hit (RAG); plus general facts and fluency.
+
+    `prefix`: the few-shot shots; None takes the editor's own (`Editor.shots`)."""
+    prefix = editor.shots if prefix is None else prefix
     qs, ans, tags = [], [], []
     for f in facts:
         for metric, q, a in (("edit", f.src, f.alt), ("rephrase", f.rephrase, f.alt), ("persona", f.persona, f.alt),
@@ -399,7 +406,7 @@ def run_lifelong(
     ref: Reference,
     *,
     eval_past: bool = True,
-    prefix: str = FEWSHOT,
+    prefix: str | None = None,
     batch_size: int = 8,
     on_increment: Callable[[int], None] | None = None,
 ) -> list[IncrementResult]:
@@ -407,7 +414,8 @@ def run_lifelong(
 
     After increment t every fact edited so far is scored at its latest value (a re-edit replaces the fact's
     earlier value): ``current`` are the facts whose latest edit is in increment t, ``past`` the others (retention;
-    skipped with ``eval_past=False``). Returns one `IncrementResult` per increment.
+    skipped with ``eval_past=False``). `prefix`: the few-shot shots (None: the editor's own, `Editor.shots`).
+    Returns one `IncrementResult` per increment.
     """
     latest: dict[str, EditRecord] = {}
     owner: dict[str, int] = {}
