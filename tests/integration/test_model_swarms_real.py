@@ -1,12 +1,12 @@
-"""Model Swarms on SmolLM2-135M (the quick preset): capital and uppercase LoRA experts searched for the composite
-"capital of X in uppercase".
+"""Model Swarms on SmolLM2-135M (the quick preset): ISO-3, uppercase, capital and add LoRA experts searched for the
+default target, geography/currency_code (ISO 4217 codes; no expert trains on it).
 
 Asserts what holds by construction and the run's structure: on dev (the objective) the swarm is at least the best
 single expert; every searcher used the same number of utility evaluations; the global best never decreases; the
 sanity gate (best expert > base on dev) is read first; the experts learned their own tasks. The claim's direction on
-test is not asserted: on the composite target the quick run measured the swarm at 0.0 and the uniform soup at 0.025
-(2026-12-07): every system picks the case trap (the capital as written), so the target does not yet show the claim
-(issue 34, model_swarms: open).
+test is not asserted (not yet measured on this target; on the previous default, composite/capital_upper, the quick
+run measured the swarm at 0.0 and the uniform soup at 0.025 (2026-12-07): every system picked the case trap, so that
+target showed no signal; issue 34, model_swarms).
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """Model Swarms invariants: checkpoint algebra, the velocity formula by hand, a one-particle swarm at rest stays
 put, g never decreases, restarts reset x and v, patience, TIES / DARE against mergekit's definitions on tiny
 tensors (closed form), equal evaluation budgets across searchers, LoRA vs dense evaluation, bad input; and the
-experiment's design: a composite target built from the experts' families, the "best expert > base" sanity gate read
-first, and the exact "g >= best expert" invariant."""
+experiment's design: the default target (geography/currency_code) and experts, a geography target's dev pool held out
+by country from the experts' training and the test split, the selectable capital_upper composite and its case trap,
+the "best expert > base" sanity gate read first, and the exact "g >= best expert" invariant."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -217,8 +220,11 @@ def test_smoke_run_gives_every_searcher_the_same_budget(tmp_path):
     assert not any(c.mechanism for c in result.claims)
     assert result.tables["experts"][0]["expert"] == "base"
     assert all("base_dev" in row for row in result.tables["swarm_history"])
-    for metric in ("test_acc", "dev_acc", "test_case_trap"):
+    for metric in ("test_acc", "dev_acc"):
         assert {"base", "model_swarms", "best_single"} <= {m.system for m in result.metrics if m.metric == metric}
+    # the default target is a task-bank family: no case trap, and no expert is a component by construction
+    assert not any(m.metric == "test_case_trap" for m in result.metrics)
+    assert all(row["component"] is None for row in result.tables["experts"])
     # the saved folder is a plain HF model usable as --model
     from transformers import AutoModelForCausalLM
 
@@ -250,20 +256,79 @@ class _DataCtx:
         return data.load(suite, n, seed=self.cfg.seed, split=split, **kw)
 
 
-def test_default_target_is_a_composite_of_expert_families_held_out_from_their_training():
+def test_default_target_and_experts_are_the_configs_and_validate():
+    from lmlab.methods.adaptation.model_swarms import SPEC
+    from lmlab.methods.adaptation.model_swarms.config import (
+        COMPOSITES,
+        DEFAULT_EXPERTS,
+        DEFAULT_TARGET,
+        ModelSwarmsConfig,
+    )
+
+    cfg = ModelSwarmsConfig()  # the default config validates
+    # two experts that carry parts of currency codes (ISO-3, uppercase) and four that carry less or none; 6, as the
+    # capital_upper design, so the budget B = 6 (1 + iterations) is unchanged
+    assert cfg.target == DEFAULT_TARGET == "geography/currency_code"
+    assert cfg.experts == DEFAULT_EXPERTS == ["geography/iso3", "strings/uppercase", "geography/capital",
+                                              "geography/continent", "strings/reverse", "arithmetic/add"]  # fmt: skip
+    assert cfg.target not in cfg.experts and cfg.target not in COMPOSITES and len(cfg.experts) == 6
+    for name, preset in SPEC.presets.items():  # every preset searches for the default target with other experts
+        pcfg = ModelSwarmsConfig(**preset)
+        assert pcfg.target == DEFAULT_TARGET not in pcfg.experts, name
+    with pytest.raises(ValueError, match="is one of the experts' families"):
+        ModelSwarmsConfig(experts=[*DEFAULT_EXPERTS, DEFAULT_TARGET])
+    ModelSwarmsConfig(target="composite/capital_upper")  # still selectable
+
+
+# the composite's experts when it was the default: its two components and four that carry no part of it
+CAPITAL_UPPER_EXPERTS = ["geography/capital", "strings/uppercase", "geography/continent", "strings/reverse",
+                         "arithmetic/add", "units/length"]  # fmt: skip
+# (target, experts): the default (its experts), the selectable composite, and another geography family
+GEO_TARGETS = [
+    ("geography/currency_code", None),
+    ("composite/capital_upper", CAPITAL_UPPER_EXPERTS),
+    ("geography/continent", ["geography/iso3", "geography/capital", "strings/uppercase"]),
+]
+
+
+@pytest.mark.parametrize("target,experts", GEO_TARGETS)
+def test_geography_dev_pool_is_disjoint_by_country_from_training_and_test(target, experts):
+    from lmlab.methods.adaptation.model_swarms import experiment as E
+    from lmlab.methods.adaptation.model_swarms.config import ModelSwarmsConfig, items_family
+
+    cfg = ModelSwarmsConfig(target=target, **({"experts": experts} if experts else {}))
+    ctx = _DataCtx(cfg)
+    trained = {f: E.family_items(ctx, cfg, f, cfg.expert_items, "train", 0) for f in cfg.experts}
+    dev, test = E.target_items(ctx, cfg, trained)
+    dev_split = E.family_items(ctx, cfg, items_family(target), None, "dev", cfg.n_choices)
+    # 40 dev items although the dev split has 24 countries: the pool goes on into held-out train-split countries
+    assert (len(dev), len(test)) == (cfg.dev_items, cfg.test_items) and len(dev_split) < cfg.dev_items
+    seen = {e.meta["iso2"] for f, items in trained.items() if f.startswith("geography/") for e in items}
+    dev_c, test_c = [e.meta["iso2"] for e in dev], {e.meta["iso2"] for e in test}
+    assert seen and len(set(dev_c)) == len(dev) and len(test_c) == len(test)
+    assert not set(dev_c) & test_c and not set(dev_c) & seen and not test_c & seen
+    assert dev_c[: len(dev_split)] == [e.meta["iso2"] for e in dev_split]  # the dev split first
+    train_c = {e.meta["iso2"] for e in E.family_items(ctx, cfg, items_family(target), None, "train", 0)}
+    assert set(dev_c[len(dev_split) :]) <= train_c  # then train-split countries no geography expert saw
+    with pytest.raises(ValueError, match="dev_items must be <= "):
+        E.target_items(ctx, dataclasses.replace(cfg, dev_items=500), trained)
+    if target == "geography/currency_code" and experts is None:
+        # the pool size the README and config.py state for the default experts (seed 0): 24 dev + 19 held out
+        E.target_items(ctx, dataclasses.replace(cfg, dev_items=43), trained)
+        with pytest.raises(ValueError, match="dev_items must be <= 43"):
+            E.target_items(ctx, dataclasses.replace(cfg, dev_items=44), trained)
+
+
+def test_capital_upper_composite_keeps_its_case_trap():
     from lmlab.methods.adaptation.model_swarms import experiment as E
     from lmlab.methods.adaptation.model_swarms.config import COMPOSITES, ModelSwarmsConfig
 
-    cfg = ModelSwarmsConfig()
-    components = COMPOSITES[cfg.target]  # the old default, arithmetic/two_step, is at chance for every expert
-    assert set(components) <= set(cfg.experts) and cfg.target not in cfg.experts
+    cfg = ModelSwarmsConfig(target="composite/capital_upper", experts=CAPITAL_UPPER_EXPERTS)
+    assert set(COMPOSITES[cfg.target]) <= set(cfg.experts)
+    assert E._component(cfg, "strings/uppercase") and E._component(cfg, "arithmetic/add") is False
+    assert E._component(ModelSwarmsConfig(), "geography/iso3") is None
     trained = {f: E.family_items(_DataCtx(cfg), cfg, f, cfg.expert_items, "train", 0) for f in cfg.experts}
     dev, test = E.target_items(_DataCtx(cfg), cfg, trained)
-    assert (len(dev), len(test)) == (cfg.dev_items, cfg.test_items)
-    # dev, test and every geography expert's training countries are disjoint
-    seen = {e.meta["iso2"] for f, items in trained.items() if f.startswith("geography/") for e in items}
-    dev_c, test_c = {e.meta["iso2"] for e in dev}, {e.meta["iso2"] for e in test}
-    assert len(dev_c) == len(dev) and not dev_c & test_c and not (dev_c | test_c) & seen
     for ex in dev + test:
         # the answer in uppercase, the same capital in another case (the trap), other capitals in uppercase
         gold, trap = ex.choices[ex.meta["answer_index"]], ex.choices[ex.meta["trap_index"]]
@@ -271,8 +336,19 @@ def test_default_target_is_a_composite_of_expert_families_held_out_from_their_tr
         others = [c for i, c in enumerate(ex.choices) if i not in (ex.meta["answer_index"], ex.meta["trap_index"])]
         assert len(set(ex.choices)) == cfg.n_choices and all(c == c.upper() != gold for c in others)
         assert ex.prompt.startswith("Q: What is the capital of") and "uppercase letters" in ex.prompt
-    with pytest.raises(ValueError, match="dev_items must be <= "):
-        E.target_items(_DataCtx(cfg), ModelSwarmsConfig(dev_items=500), trained)
+
+
+def test_smoke_run_on_capital_upper_reports_the_case_trap():
+    from lmlab.runner import run_method
+
+    result = run_method("model_swarms", preset="smoke", write=False, show_progress=False, raise_errors=True,
+                        threads=1, target="composite/capital_upper",
+                        experts=["geography/capital", "strings/uppercase", "arithmetic/add"])  # fmt: skip
+    for metric in ("test_acc", "dev_acc", "test_case_trap"):
+        assert {"base", "model_swarms", "best_single"} <= {m.system for m in result.metrics if m.metric == metric}
+    rows = result.tables["experts"]
+    assert all("test_case_trap" in row for row in rows)
+    assert [row["component"] for row in rows] == [False, True, True, False]  # base, capital, uppercase, add
 
 
 def test_sanity_gate_is_read_first_and_can_fail():
@@ -299,8 +375,6 @@ def test_sanity_gate_is_read_first_and_can_fail():
 
 
 def test_g_at_least_the_best_expert_is_an_exact_invariant_not_a_bootstrap_claim():
-    import dataclasses
-
     from lmlab.methods.adaptation.model_swarms import experiment as E
 
     assert not any(c.mechanism or (c.metric, c.method) == ("dev_acc", "model_swarms") for c in E.claims())
@@ -389,6 +463,8 @@ def test_bad_input_errors():
         ModelSwarmsConfig(target="composite/capital_lower")
     with pytest.raises(ValueError, match="is one of the experts' families"):
         ModelSwarmsConfig(target="arithmetic/add")
+    with pytest.raises(ValueError, match="is one of the experts' families"):
+        ModelSwarmsConfig(target="geography/iso3")
     with pytest.raises(ValueError, match="experts must be a non-empty list"):
         ModelSwarmsConfig(experts=[])
     with pytest.raises(ValueError, match="density_range must be"):

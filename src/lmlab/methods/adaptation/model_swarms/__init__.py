@@ -24,7 +24,7 @@ SPEC = register_method(
         presets={
             "smoke": {
                 "model": "tiny-llama",
-                "experts": ["geography/capital", "strings/uppercase", "arithmetic/add"],
+                "experts": ["geography/iso3", "strings/uppercase", "arithmetic/add"],
                 "dev_items": 4,
                 "test_items": 6,
                 "expert_items": 4,
@@ -38,7 +38,7 @@ SPEC = register_method(
                 "expert_cache": False,
             },
             "quick": {
-                "experts": ["geography/capital", "strings/uppercase", "arithmetic/add", "units/length"],
+                "experts": ["geography/iso3", "strings/uppercase", "geography/capital", "arithmetic/add"],
                 "dev_items": 20,
                 "test_items": 40,
                 "expert_items": 24,

@@ -1,4 +1,6 @@
-"""The composite target of the reproduction: "the capital of X, answered in uppercase" (the spec's example).
+"""The composite target ``composite/capital_upper``: "the capital of X, answered in uppercase" (the spec's example),
+selectable, not the default (at this scale no expert beats the base model on it; README, Deviations); and
+`held_out_dev`, the dev pool of every geography target.
 
 Pure (no model, no I/O): task-bank ``geography/capital`` examples in, composite examples out. No new data: the
 countries, their train / dev / test partition and the capital distractors are the task bank's; only the prompt and
@@ -79,8 +81,9 @@ def capital_upper(capital_items: Sequence[Example], n_choices: int, seed: int) -
 
 def held_out_dev(dev_split: Sequence[Example], train_split: Sequence[Example],
                  trained: Iterable[str]) -> list[Example]:  # fmt: skip
-    """The composite's dev pool: every dev-split item, then the train-split items of countries (``meta["iso2"]``)
-    outside `trained` (the countries a geography expert trained on). The dev split alone has 24 countries; the
-    test split (122) stays untouched, so dev, test and every expert's training data are disjoint by country."""
+    """The dev pool of a geography target (a geography family, or the composite built from capital items): every
+    dev-split item, then the train-split items of countries (``meta["iso2"]``) outside `trained` (the countries a
+    geography expert trained on). The dev split alone has 24 countries; the test split (122) stays untouched, so
+    dev, test and every expert's training data are disjoint by country."""
     seen = set(trained)
     return [*dev_split, *(e for e in train_split if e.meta["iso2"] not in seen)]

@@ -16,11 +16,15 @@ TASKBANK = {
     "units": ("length", "mass", "time", "volume"),
 }
 # composite targets: built in composite.py from the task bank's items; the values are the families whose skills it
-# combines (the experts train on those families, never on the composite)
+# combines, the first being the family whose items it re-phrases (the experts train on those families, never on the
+# composite). Selectable, not the default: at this scale no expert beats the base model on it (README, Deviations).
 COMPOSITES = {"composite/capital_upper": ("geography/capital", "strings/uppercase")}
-# the composite's two component experts plus four that carry no part of it (the swarm has to find the useful ones)
-DEFAULT_EXPERTS = ["geography/capital", "strings/uppercase", "geography/continent", "strings/reverse",
-                   "arithmetic/add", "units/length"]  # fmt: skip
+# the default target: no expert trains on it, two carry parts of it (an ISO 4217 code is mostly the ISO 3166 alpha-2
+# code plus a letter: iso3 and uppercase transfer on dev in the lead's probe), four carry less or none (the swarm has
+# to find the useful ones). Six experts, so the budget B is that of the capital_upper design.
+DEFAULT_TARGET = "geography/currency_code"
+DEFAULT_EXPERTS = ["geography/iso3", "strings/uppercase", "geography/capital", "geography/continent",
+                   "strings/reverse", "arithmetic/add"]  # fmt: skip
 # the official run scripts' grids (search_*.sh), sampled with a fixed seed when hparams="sampled"
 GRIDS = {
     "phi_v": (0.1, 0.2, 0.3),
@@ -29,6 +33,16 @@ GRIDS = {
     "phi_w": (0.01, 0.05, 0.1),
     "step": (0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
 }
+
+
+def items_family(target: str) -> str:
+    """The task-bank family whose items `target` is made of: a composite's first component, else the target."""
+    return COMPOSITES[target][0] if target in COMPOSITES else target
+
+
+def is_geography(target: str) -> bool:
+    """A target made of country items: its dev pool is widened by the train-split countries no expert saw."""
+    return items_family(target).startswith("geography/")
 
 
 def parse_target(name: str) -> str:
@@ -59,18 +73,26 @@ class ModelSwarmsConfig(BaseConfig):
     Each expert is a LoRA (r, α, `target_modules`) on the top `train_layers` blocks of `model` (frozen trunk cached
     once), trained `expert_steps` AdamW steps on the train split of one task-bank family of `experts`. The search
     objective is log-likelihood multiple-choice accuracy (`n_choices` options) on `dev_items` dev items of `target`,
-    a task no expert was trained on; every system is reported on `test_items` test items. The swarm's utility
-    evaluations set the budget: random search, TIES and DARE (their density and λ tuned on dev) get exactly as many.
+    a task no expert was trained on (default ``geography/currency_code``: the ISO-3 and uppercase experts carry parts
+    of it, capital, continent, reverse and add less or none); every system is reported on `test_items` test items.
+    A geography target's dev items are the dev-split countries, then the train-split countries no geography expert
+    trained on (43 with the default experts at seed 0), so dev, test and training are disjoint by country. The
+    swarm's utility evaluations set the budget: random search, TIES and DARE (density and λ tuned on dev) get exactly
+    as many.
 
-    Budget note: the default preset takes up to ~8 min on 2 quiet cores (estimate; the 10-minute class, because the
-    gated claim is the search's gain over its start and needs the spec's 15 iterations to move; patience 5 can
-    stop it earlier). Every searcher's dev evaluations scale with B = N (1 + iterations) = 6 + 6 · 15 = 96 at most.
+    Budget note: the default preset takes up to ~7 min on 2 quiet cores (estimate, not yet measured on this target:
+    ≈ 0.8 s per 40-item dev evaluation, as the former two_step target's, whose items are as long in tokens; the
+    10-minute class, because the gated claim is the search's gain over its start and needs the spec's 15 iterations
+    to move; patience 5 can stop it earlier, ≈ 4.5 min near 8). Every searcher's dev evaluations scale with
+    B = N (1 + iterations) = 6 + 6 · 15 = 96 at most.
 
     Args:
         experts (`list[str]`): one task-bank family (``domain/task``) per expert (paper: 10 Tulu-v2 subsets).
-        target (`str`): the task searched for: ``composite/capital_upper`` ("What is the capital of X? Write the
-            answer in uppercase letters.", built from the capital and uppercase families; `composite.py`), or a
-            task-bank family no expert trains on (e.g. ``arithmetic/two_step``).
+        target (`str`): the task searched for: a task-bank family no expert trains on (default
+            ``geography/currency_code``, "What is the ISO 4217 currency code of X?"), or ``composite/capital_upper``
+            ("What is the capital of X? Write the answer in uppercase letters.", built from the capital and
+            uppercase families, with a case-trap option; `composite.py`; no signal at this scale, so not the
+            default).
         digits (`int`): operand digits of arithmetic families. n_choices (`int`): options per item.
         expert_items, expert_steps, expert_batch, expert_lr: the experts' training (train split, constant lr).
         shared_init (`bool`): one LoRA init for every expert (so A / B algebra compares like with like).
@@ -87,14 +109,14 @@ class ModelSwarmsConfig(BaseConfig):
 
     experts: list = param(list(DEFAULT_EXPERTS), "one task-bank family (domain/task) per LoRA expert",
                           paper="10 Tulu-v2 LoRA experts of Gemma-7B-it")  # fmt: skip
-    target: str = param("composite/capital_upper", "search objective: a composite of expert families, or a task-bank "
-                        "family no expert trains on", paper="MMLU, GSM8K, ... (9 single tasks)")  # fmt: skip
+    target: str = param(DEFAULT_TARGET, "search objective: a task-bank family no expert trains on, or a composite "
+                        "of expert families", paper="MMLU, GSM8K, ... (9 single tasks)")  # fmt: skip
     digits: int = param(2, "operand digits of arithmetic families (1 digit leaves 15 distinct train items of sub)")
     n_choices: int = param(4, "options per multiple-choice item", paper="MC accuracy")
-    dev_items: int = param(40, "dev items of the utility (capital_upper: dev-split countries, then train-split "
-                           "countries no expert trained on; 57 with the default experts)",
-                           paper="200 [secondary]")  # fmt: skip
-    test_items: int = param(120, "test items reported (capital_upper: at most the 122 test-split countries)",
+    dev_items: int = param(40, "dev items of the utility (a geography target: the dev-split countries, then the "
+                           "train-split countries no geography expert trained on; 43 with the default experts at "
+                           "seed 0)", paper="200 [secondary]")  # fmt: skip
+    test_items: int = param(120, "test items reported (a geography target: at most the 122 test-split countries)",
                             paper="1000 [secondary]")  # fmt: skip
     expert_items: int = param(40, "train items per expert")
     expert_steps: int = param(30, "AdamW steps per expert", paper="SFT on a Tulu-v2 subset")

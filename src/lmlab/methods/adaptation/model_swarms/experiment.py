@@ -4,14 +4,16 @@ Paper claim (Feng et al., ICML 2025, abstract): a swarm of LLM experts, each a p
 inertia, its personal best, the global best and away from the global worst, adapts to a new objective from ~200
 examples and beats 12 model-composition baselines by up to 21%.
 
-Design. Experts: one LoRA per task-bank family of `experts` (default: geography/capital and strings/uppercase, the
-two components of the target, plus continent, reverse, add and unit length, which carry no part of it), trained
-briefly on its train split; the LoRA sits on the top `train_layers` blocks over a frozen trunk cached once
-(`lmlab.core.training.partial`, `lmlab.core.training.lora`). Objective: log-likelihood multiple-choice accuracy on
-`dev_items` dev items of `target` (default ``composite/capital_upper``, "What is the capital of X? Write the answer
-in uppercase letters.", `composite.py`: options the answer in uppercase, the answer as written (the case trap) and
-other capitals in uppercase; no expert trained on it). Dev, test and every geography expert's training countries are
-disjoint (`composite.held_out_dev`); every system is reported on `test_items` test items. Searchers and their
+Design. Experts: one LoRA per task-bank family of `experts` (default: geography/iso3 and strings/uppercase, which
+carry parts of the target, an ISO 4217 code being mostly the ISO 3166 alpha-2 code plus a letter, plus capital,
+continent, reverse and add, which carry less or none), trained briefly on its train split; the LoRA sits on the top
+`train_layers` blocks over a frozen trunk cached once (`lmlab.core.training.partial`, `lmlab.core.training.lora`).
+Objective: log-likelihood multiple-choice accuracy on `dev_items` dev items of `target` (default
+``geography/currency_code``, "What is the ISO 4217 currency code of X?", options four currency codes; no expert
+trained on it; ``composite/capital_upper`` with its case trap is selectable, `composite.py`). A geography target's
+dev items are the dev-split countries, then the train-split countries no geography expert trained on
+(`composite.held_out_dev`), so dev, test and every expert's training countries are disjoint; every system is
+reported on `test_items` test items (the target's test split). Searchers and their
 utility evaluations: the swarm uses B (its initial particles plus N per iteration until patience or
 `max_iteration`); random search over mixing weights, TIES and DARE-linear (density and λ tuned on dev) each get
 exactly B; the best single expert uses N (the swarm's first evaluation), the uniform soup none. Reporting evaluations
@@ -37,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from lmlab.core.stats.seeding import derive_seed
-from lmlab.methods.adaptation.model_swarms.config import COMPOSITES, GRIDS, parse_family
+from lmlab.methods.adaptation.model_swarms.config import COMPOSITES, GRIDS, is_geography, items_family, parse_family
 from lmlab.results import Claim, RunResult
 
 SEARCHERS = ("model_swarms", "random_search", "ties", "dare_linear")
@@ -76,25 +78,37 @@ def family_items(ctx: Any, cfg: Any, family: str, n: int, split: str, n_choices:
 
 
 def target_items(ctx: Any, cfg: Any, trained: dict[str, list[Any]]) -> tuple[list[Any], list[Any]]:
-    """(dev, test) items of `cfg.target`. A task-bank family: its dev and test splits. ``composite/capital_upper``:
-    the capital items of the test split, and for dev the dev split followed by the train-split countries no geography
-    expert of `trained` (family -> its training items) saw (`composite.held_out_dev`)."""
-    if cfg.target not in COMPOSITES:
+    """(dev, test) items of `cfg.target`. Test: the target's test split (a composite re-phrases the test split of its
+    items' family, `items_family`). Dev: a non-geography family's dev split; a geography target's dev-split countries
+    followed by the train-split countries that no geography expert of `trained` (family -> its training items) saw
+    (`composite.held_out_dev`; the dev split alone has 24 countries), so dev, test (122 countries) and every expert's
+    training countries are disjoint by country."""
+    if not is_geography(cfg.target):
         return (family_items(ctx, cfg, cfg.target, cfg.dev_items, "dev", cfg.n_choices),
                 family_items(ctx, cfg, cfg.target, cfg.test_items, "test", cfg.n_choices))  # fmt: skip
     from lmlab.methods.adaptation.model_swarms.composite import capital_upper, held_out_dev
 
-    def capitals(n: int | None, split: str) -> list[Any]:
-        return family_items(ctx, cfg, "geography/capital", n, split, cfg.n_choices)
+    def items(n: int | None, split: str) -> list[Any]:
+        return family_items(ctx, cfg, items_family(cfg.target), n, split, cfg.n_choices)
 
-    seen = {e.meta["iso2"] for fam, items in trained.items() if fam.startswith("geography/") for e in items}
-    pool = held_out_dev(capitals(None, "dev"), capitals(None, "train"), seen)
+    seen = {e.meta["iso2"] for fam, its in trained.items() if fam.startswith("geography/") for e in its}
+    pool = held_out_dev(items(None, "dev"), items(None, "train"), seen)
     n_dev = cfg.dev_items if cfg.limit is None else min(cfg.dev_items, cfg.limit)
     if n_dev > len(pool):
         raise ValueError(f"dev_items must be <= {len(pool)} for {cfg.target} (the dev-split countries plus the "
                          f"train-split countries no geography expert trained on), got {cfg.dev_items}")  # fmt: skip
-    dev = capital_upper(pool[:n_dev], cfg.n_choices, cfg.seed)
-    return dev, capital_upper(capitals(cfg.test_items, "test"), cfg.n_choices, cfg.seed)
+    dev, test = pool[:n_dev], items(cfg.test_items, "test")
+    if cfg.target == "composite/capital_upper":
+        return capital_upper(dev, cfg.n_choices, cfg.seed), capital_upper(test, cfg.n_choices, cfg.seed)
+    if cfg.target in COMPOSITES:
+        raise NotImplementedError(f"no builder for the composite target {cfg.target!r}")
+    return dev, test
+
+
+def _component(cfg: Any, family: str | None) -> bool | None:
+    """Whether `family` is a component of a composite target (the experts table's column); None for a family target,
+    whose transferring experts are not known by construction."""
+    return family in COMPOSITES[cfg.target] if cfg.target in COMPOSITES else None
 
 
 def _expert_key(cfg: Any, ctx: Any, family: str, train: list[Any], seed: int) -> str:
@@ -227,7 +241,7 @@ def run(cfg: Any, ctx: Any) -> Any:
         state, losses, hit = _cached_expert(cfg, _expert_key(cfg, ctx, fam, train, seed), train_fn)
         cached += hit
         experts.append(state)
-        expert_rows.append({"expert": i, "family": fam, "component": fam in COMPOSITES.get(cfg.target, ()),
+        expert_rows.append({"expert": i, "family": fam, "component": _component(cfg, fam),
                             "train_items": len(train), "loss_first": losses[0], "loss_last": losses[-1],
                             "from_cache": hit})  # fmt: skip
 
@@ -298,8 +312,8 @@ def run(cfg: Any, ctx: Any) -> Any:
         expert_rows[i]["test_acc"] = float(np.mean(test_set.score(picks)))
         if test_set.trap_rate(picks) is not None:
             expert_rows[i]["test_case_trap"] = float(np.mean(test_set.trap_rate(picks)))
-    base_row = {"expert": "base", "family": "(no LoRA)", "component": False, "dev_acc": float(np.mean(devs["base"])),
-                "test_acc": float(np.mean(tests["base"]))}  # fmt: skip
+    base_row = {"expert": "base", "family": "(no LoRA)", "component": _component(cfg, None),
+                "dev_acc": float(np.mean(devs["base"])), "test_acc": float(np.mean(tests["base"]))}  # fmt: skip
     if traps["base"] is not None:
         base_row["test_case_trap"] = float(np.mean(traps["base"]))
     expert_rows.insert(0, base_row)
