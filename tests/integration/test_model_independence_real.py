@@ -1,4 +1,4 @@
-"""Independence tests on SmolLM2-135M: the attack defeats CSW but not MATCH; Wanda-pruned copy detected; Gemma not."""
+"""Independence tests on SmolLM2-135M: the attack defeats CSW but not MATCH; structurally pruned copy detected and its layers mapped; Gemma not."""
 
 from __future__ import annotations
 
@@ -29,10 +29,11 @@ def test_match_survives_the_attack_and_does_not_flag_gemma(smollm2, gemma3):
     assert result.flags["derived_perm_rot"]["logit_rel_diff_fp64"] < 1e-5
     assert result.metric("match@perm_rot", "detected").value == 1.0
     assert result.metric("csw@perm_rot", "detected").value == 0.0
-    # the Wanda-pruned copy keeps the unit order: PERMTEST at its floor, CSW and MATCH far below 1e-6
-    assert result.metric("permtest_l2@pruned", "p_value").value == pytest.approx(1 / 20)
-    assert result.metric("csw@pruned", "detected").value == 1.0
+    # the structurally pruned, healed copy (blocks dropped, MLP units cut): other depth and widths, so only MATCH
+    # applies; it is detected on its kept blocks, and the localized search maps its blocks better than relative depth
     assert result.metric("match@pruned", "detected").value == 1.0
+    assert result.metric("localized@pruned", "map_correct").value > result.metric("relative_depth@pruned",
+                                                                                   "map_correct").value
     # an independently trained model of another architecture is not flagged
     assert result.metric("match@independent_real", "detected").value == 0.0
     statuses = {c.text.split(":")[0]: c.status for c in result.claims if c.gate}

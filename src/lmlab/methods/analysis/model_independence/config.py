@@ -25,18 +25,25 @@ class ModelIndependenceConfig(BaseConfig):
         match_threshold (`float`, defaults to 1e-6): "detected" / localized-match threshold on Spearman p-values.
         blocks (`int`, defaults to 6): blocks tested, evenly spaced (paper: every block; 32 for Llama-7B).
         perm_tensors (`str`, defaults to ``"blocks"``): tensors PERMTEST's statistics read (``all`` as ``l2.py``).
-        match_cost (`str`, defaults to ``"sqeuclidean"``): MATCH's LAP cost (code); ``cosine`` as Algorithm 2.
+        match_cost (`str`, defaults to ``"cosine"``): MATCH's LAP cost, as Algorithm 2 (code: ``sqeuclidean``,
+            which misses fine-tuned and pruned-then-healed tiny copies that cosine detects; see the README).
         columns (`str`, defaults to ``"auto"``): activation columns: shared tokens, or words across tokenizers.
         n_texts, seq_len: activation inputs: texts of the corpus test split, `seq_len` tokens each.
         derived (`list[str]`): derived pairs built from `model`.
         independent_model (`str`, *optional*): an independently trained model tested against `model` by MATCH.
-        finetune_*: the fine-tuned copy (AdamW on corpus dev passages).
-        prune_*: the Wanda-pruned copy (`lmlab.core.pruning`, calibration windows of the train split).
+        finetune_*: the fine-tuned copy (full AdamW on corpus dev passages); `finetune_min_change` is the relative
+            weight change per tested block that the gated check requires (tiny copies: the same floor).
+        prune_*: the structurally pruned copy: `prune_keep_blocks` blocks (a deep run dropped, `deep_block_keep`),
+            `prune_keep_units` MLP units per block (activation importance on `prune_calib` train windows), then
+            `prune_heal_steps` AdamW steps; the gated localized check must recover its kept-block map.
         retrain_*: one MLP block re-initialised and distilled on its real inputs.
         generalized_*: the generalized robust test (Algorithm 5) on the retrained block; 0 steps skip it.
         tiny_*: the calibration pairs of tiny llamas trained from independent seeds on the same data order.
         fpr_margin (`float`, defaults to 0.15): calibration claim: FPR upper CI bound below alpha + margin.
         localized (`bool`): pair mode: also run block x block localized matching.
+
+    Budget: the default preset is sized for <= 5 min on 2 quiet cores (144 s measured before the 24-step fine-tune,
+    the structured pruning with its heal and the 30 x 20 localized matching were added; estimate ~235 s).
     """
 
     a: str | None = param(None, "pair mode: model A (alias, HF folder or GGUF)")
@@ -52,9 +59,9 @@ class ModelIndependenceConfig(BaseConfig):
         choices=("blocks", "all"),
     )
     match_cost: str = param(
-        "sqeuclidean",
-        "MATCH's LAP cost on unit activations",
-        paper="squared Euclidean [code: match_wmats]; cosine (Alg. 2)",
+        "cosine",
+        "MATCH's LAP cost on unit activations (squared Euclidean loses moved copies: README)",
+        paper="cosine (Alg. 2); squared Euclidean [code: match_wmats]",
         choices=("sqeuclidean", "cosine"),
     )
     columns: str = param("auto", "activation columns: shared tokens or words", choices=("auto", "tokens", "words"))
@@ -62,13 +69,18 @@ class ModelIndependenceConfig(BaseConfig):
     seq_len: int = param(128, "tokens per activation input text", paper="512 [code: --block_size]")
     derived: list = param(list(DERIVED), "derived pairs built from the model: " + ", ".join(DERIVED))
     independent_model: str | None = param("gemma3-270m", "independent model tested by MATCH (None: skip)")
-    finetune_steps: int = param(4, "AdamW steps of the fine-tuned copy", paper="many tokens (Vicuna, CodeLlama, ...)")
-    finetune_lr: float = param(1e-4, "fine-tuning learning rate")
+    finetune_steps: int = param(
+        24, "AdamW steps of the fine-tuned copy", paper="many tokens (Vicuna, CodeLlama, ...); spec: a few hundred"
+    )
+    finetune_lr: float = param(3e-4, "fine-tuning peak learning rate (cosine decay)")
     finetune_batch: int = param(2, "fine-tuning windows per step")
     finetune_seq_len: int = param(64, "fine-tuning window length")
-    prune_sparsity: float = param(0.5, "Wanda unstructured sparsity of the pruned copy", paper="0.5 (Wanda Table 3)")
-    prune_calib: int = param(4, "Wanda calibration windows (train split)", paper="128 x 2048 (Wanda)")
-    prune_seq_len: int = param(128, "tokens per Wanda calibration window")
+    finetune_min_change: float = param(0.01, "gated floor of the fine-tune's relative weight change per tested block")
+    prune_keep_blocks: int = param(20, "blocks kept by the structured pruning", paper="spec: 20 of 30")
+    prune_keep_units: int = param(1024, "MLP units kept per block", paper="spec: 1024 of 1536")
+    prune_heal_steps: int = param(8, "AdamW healing steps after the structured pruning", paper="spec: 'briefly heal'")
+    prune_calib: int = param(4, "calibration windows of the unit importance (train split)")
+    prune_seq_len: int = param(128, "tokens per calibration window")
     retrain_block: int | None = param(None, "block retrained from scratch (None: the middle tested block)")
     retrain_steps: int = param(100, "distillation steps of the retrained block", paper="10000 [code]")
     retrain_batch: int = param(256, "distillation batch of the retrained block", paper="5000 [code]")
@@ -104,7 +116,10 @@ class ModelIndependenceConfig(BaseConfig):
         check_range("finetune_lr", self.finetune_lr, 0.0, open_lo=True)
         check_range("finetune_batch", self.finetune_batch, 1)
         check_range("finetune_seq_len", self.finetune_seq_len, 2)
-        check_range("prune_sparsity", self.prune_sparsity, 0.0, 1.0, open_lo=True)
+        check_range("finetune_min_change", self.finetune_min_change, 0.0, open_lo=True)
+        check_range("prune_keep_blocks", self.prune_keep_blocks, 1)
+        check_range("prune_keep_units", self.prune_keep_units, 1)
+        check_range("prune_heal_steps", self.prune_heal_steps, 0)
         check_range("prune_calib", self.prune_calib, 1)
         check_range("prune_seq_len", self.prune_seq_len, 2)
         check_range("retrain_block", self.retrain_block, 0)

@@ -10,20 +10,26 @@ A. Calibration (tiny, H0 true by construction). `tiny_pairs` pairs of tiny llama
    (the independent unit): PERMTEST (φ_L2, φ_cos; T = `n_perm`), CSW, CSH, MATCH (Fisher over blocks). The same
    statistics on two derived copies of each pair's model a: a fine-tuned copy, and a permuted + rotated copy whose
    logits equal a's (checked in float64). KS test of the independent p-values against U(0, 1) and the false-positive
-   rate at `alpha`. Plus a localized-testing check: a 4-block tiny model against a copy keeping blocks 0, 2, 3.
-B. Real models. Pairs derived from `model` (SmolLM2-135M): a few AdamW steps of fine-tuning (`finetune`), the
-   permutation + rotation attack (`perm_rot`, logits checked), Wanda 50% pruning by `lmlab.core.pruning`
-   (`pruned`), one MLP block re-initialised and distilled (`retrained`); and `independent_model` (Gemma-3-270M:
-   other widths and tokenizer, MATCH on word-pooled activations). Per pair: PERMTEST once, CSW / CSH / MATCH per
-   tested block (`blocks` evenly spaced).
+   rate at `alpha`; the fine-tuned copies' relative weight change (gated above `finetune_min_change`). Plus a
+   localized-testing check: a trained 4-block tiny model against its structurally pruned, healed copy.
+B. Real models. Pairs derived from `model` (SmolLM2-135M): `finetune_steps` full AdamW steps (`finetune`, its
+   relative weight change per tested block gated), the permutation + rotation attack (`perm_rot`, logits checked),
+   structured pruning (`pruned`: `prune_keep_blocks` blocks by `deep_block_keep`, `prune_keep_units` MLP units by
+   activation importance, `prune_heal_steps` healing steps; MATCH only, per kept tested block and localized over
+   every block pair), one MLP block re-initialised and distilled (`retrained`); and `independent_model`
+   (Gemma-3-270M: other widths and tokenizer, MATCH on word-pooled activations). Per same-architecture pair:
+   PERMTEST once, CSW / CSH / MATCH per tested block (`blocks` evenly spaced).
 
 Pair mode (`a`, `b` set): the tests on those two models, with a freshly initialised model of b's architecture as
 the null reference (independent of a by construction).
 
 Claim checks (computed from this run's values; see `_tiny_claims` and `_real_claims`): power of PERMTEST on tiny
 fine-tuned copies vs independent pairs (paired by pair), the FPR on independent pairs not above alpha + margin,
-MATCH vs CSW detection on the permuted + rotated copies (tiny: by pair; SmolLM2: by block), MATCH detection on the
-derived SmolLM2 pairs vs on SmolLM2-Gemma. The logit equality of the attack is a mechanism check.
+MATCH vs CSW detection on the permuted + rotated copies (tiny: by pair; SmolLM2: by block), the fine-tunes' weight
+change above the floor (tiny: by pair; SmolLM2: by block), MATCH detection on the fine-tuned SmolLM2 vs on
+SmolLM2-Gemma (by block), the localized map of the pruned SmolLM2 vs the relative-depth guess (by base block). The
+pooled derived-vs-Gemma detection is clustered by derived pair and reported. The logit equality of the attack is a
+mechanism check.
 """
 
 from __future__ import annotations
@@ -52,19 +58,23 @@ from lmlab.methods.analysis.model_independence.method import (
 )
 from lmlab.methods.analysis.model_independence.pvalues import neg_log10
 from lmlab.methods.analysis.model_independence.transforms import (
+    deep_block_keep,
     evenly_spaced,
+    glu_unit_importance,
     keep_layers,
+    keep_mlp_units,
     n_blocks,
     permute_model,
     random_permutations,
     relative_blocks,
+    relative_weight_change,
     retrain_mlp_block,
     rotate_residual,
 )
 from lmlab.results import Claim
 
 STATS = ("permtest_l2", "permtest_cos", "csw", "csh", "match")
-TRAIN_PASSAGES = 60  # corpus train split: tiny pretraining stream and Wanda calibration windows
+TRAIN_PASSAGES = 60  # corpus train split: tiny pretraining stream, pruning calibration windows and healing stream
 DEV_PASSAGES = 20  # corpus dev split: the fine-tuning stream (disjoint from the activation texts of the test split)
 LOGIT_TOL = 1e-5  # relative logit equality (float64 copies) of the permutation + rotation attack
 CHECK_TOKENS = 32  # tokens of the float64 logit check
@@ -132,13 +142,32 @@ def _tests(
     }
 
 
-def _record_p(ctx: Any, system: str, ps: Sequence[float], cfg: Any, note: str) -> None:
-    """p-values of one system, one per independent unit, and their derived 0/1 decisions."""
+def _record_p(
+    ctx: Any, system: str, ps: Sequence[float], cfg: Any, note: str, clusters: Sequence[Any] | None = None
+) -> None:
+    """p-values of one system, one per value (`clusters`: the independent unit of each), and their 0/1 decisions."""
     ps = [1.0 if math.isnan(p) else float(p) for p in ps]  # NaN (constant input) = no evidence, as skipped by Fisher
-    ctx.record(system, "p_value", ps, note=note)
-    ctx.record(system, "rejects_at_alpha", [float(p <= cfg.alpha) for p in ps], note=f"p <= {cfg.alpha:g}")
-    ctx.record(system, "detected", [float(p < cfg.match_threshold) for p in ps], note=f"p < {cfg.match_threshold:g}")
-    ctx.record(system, "neg_log10_p", [neg_log10(p) for p in ps], note="-log10 p, p clipped at 1e-300")
+    ctx.record(system, "p_value", ps, note=note, clusters=clusters)
+    ctx.record(system, "rejects_at_alpha", [float(p <= cfg.alpha) for p in ps], note=f"p <= {cfg.alpha:g}",
+               clusters=clusters)  # fmt: skip
+    ctx.record(system, "detected", [float(p < cfg.match_threshold) for p in ps], note=f"p < {cfg.match_threshold:g}",
+               clusters=clusters)  # fmt: skip
+    ctx.record(system, "neg_log10_p", [neg_log10(p) for p in ps], note="-log10 p, p clipped at 1e-300",
+               clusters=clusters)  # fmt: skip
+
+
+def _structured_prune(model: Any, calib: torch.Tensor, keep_blocks: int, keep_units: int) -> tuple[Any, list[int]]:
+    """Depth and width pruning: keep `deep_block_keep` blocks, then the `keep_units` most important MLP units of
+    each (`glu_unit_importance` on the calibration windows `calib` (n, seq)); returns (pruned copy, kept blocks)."""
+    keep = deep_block_keep(n_blocks(model), keep_blocks)
+    acts = mlp_activations(model, list(calib), keep)
+    units = []
+    for b in keep:
+        imp = glu_unit_importance(model.model.layers[b].mlp, acts.units(b, "gate"), acts.units(b, "up"))  # (h,)
+        if keep_units >= imp.numel():
+            raise ValueError(f"prune_keep_units must be below the MLP width {imp.numel()}, got {keep_units}")
+        units.append(imp.topk(keep_units).indices)
+    return keep_mlp_units(keep_layers(model, keep), units, inplace=True), keep
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -155,15 +184,16 @@ def _tiny_part(cfg: Any, ctx: Any, texts: list[str], train: list[str], dev: list
     enc = encode_pair(texts, tok, tok, max_tokens=cfg.seq_len, columns="tokens")
     blocks = list(range(cfg.tiny_layers))
 
-    def trained(seed: int) -> Any:
-        m = make_tiny_model(seed, n_layers=cfg.tiny_layers, hidden=cfg.tiny_hidden, init_std=cfg.tiny_init_std)
+    def trained(seed: int, n_layers: int = cfg.tiny_layers) -> Any:
+        m = make_tiny_model(seed, n_layers=n_layers, hidden=cfg.tiny_hidden, init_std=cfg.tiny_init_std)
         # one fixed data order for every tiny model: a pair differs in its initialisation only (H0 holds exactly)
         pretrain_lm(m, train_ids, steps=cfg.tiny_steps, batch_size=cfg.tiny_batch, seq_len=seq, lr=cfg.tiny_lr,
                     warmup=min(5, cfg.tiny_steps - 1), seed=derive_seed(cfg.seed, "tiny-data"))  # fmt: skip
         return m
 
     per: dict[str, list[float]] = defaultdict(list)
-    gaps64, gaps32, rows = [], [], []
+    gaps64, gaps32, rows, moved, match_alt = [], [], [], [], []
+    alt_cost = "sqeuclidean" if cfg.match_cost == "cosine" else "cosine"
     t0 = time.perf_counter()
     first_a = None
     for i in ctx.progress(range(cfg.tiny_pairs), "tiny pairs", total=cfg.tiny_pairs):
@@ -173,12 +203,17 @@ def _tiny_part(cfg: Any, ctx: Any, texts: list[str], train: list[str], dev: list
         ft = copy.deepcopy(a)
         pretrain_lm(ft, ft_ids, steps=cfg.tiny_ft_steps, batch_size=cfg.tiny_batch, seq_len=seq, lr=cfg.tiny_lr / 3,
                     warmup=0, seed=derive_seed(cfg.seed, "tiny-ft", i))  # fmt: skip
+        moved.append(float(np.mean(relative_weight_change(a, ft, blocks))))
         rot_seed = derive_seed(cfg.seed, "tiny-attack", i)
         pr = _perm_rot(a, rot_seed)
         g64, g32 = _logit_gap(a, rot_seed, enc.ids_a[0])
         gaps64.append(g64)
         gaps32.append(g32)
         acts = {k: mlp_activations(m, enc.ids_a, blocks) for k, m in (("a", a), ("b", b), ("ft", ft), ("pr", pr))}
+        # the other LAP cost on the fine-tuned copy: squared Euclidean (the code's) is scale-sensitive, cosine
+        # (Algorithm 2) is not, and a fine-tune rescales units before it reorders anything
+        alt_ft = match_from_activations(acts["a"], acts["ft"], [(k, k) for k in blocks], cost=alt_cost)
+        match_alt.append(alt_ft.aggregate)
         for kind, key, other in (("independent", "b", b), ("finetuned", "ft", ft), ("perm_rot", "pr", pr)):
             res = _tests(a, other, acts["a"], acts[key], blocks, cfg, derive_seed(cfg.seed, "perm", i, kind))
             row = {"pair": i, "kind": kind}
@@ -199,6 +234,11 @@ def _tiny_part(cfg: Any, ctx: Any, texts: list[str], train: list[str], dev: list
     n = cfg.tiny_pairs
     for system, ps in per.items():
         _record_p(ctx, system, ps, cfg, "one value per tiny pair (Fisher over blocks for csw/csh/match)")
+    _record_p(
+        ctx, f"match_{alt_cost}@tiny_finetuned", match_alt, cfg, f"MATCH, {alt_cost} LAP cost, Fisher over blocks"
+    )
+    ctx.record("tiny_finetuned", "rel_weight_change", moved, note="||W_ft - W||_F / ||W||_F, block mean, per pair")
+    ctx.record("min_change@tiny", "rel_weight_change", [cfg.finetune_min_change] * n, note="the gated floor")
     ctx.record("nominal_alpha", "rejects_at_alpha", [cfg.alpha] * n, note="the level a calibrated test rejects at")
     ctx.record("perm_rot@tiny", "logit_rel_diff", gaps64, note="max|Δ logit|/max(1, max|logit|), float64 copies")
     ctx.record("tolerance", "logit_rel_diff", [LOGIT_TOL] * n, note="the equality tolerance")
@@ -220,7 +260,14 @@ def _tiny_part(cfg: Any, ctx: Any, texts: list[str], train: list[str], dev: list
     # the floor: a model against itself
     floor = permtest(first_a, copy.deepcopy(first_a), n_perm=cfg.n_perm, seed=cfg.seed, tensors=cfg.perm_tensors)
     ctx.record_value("permtest_l2@tiny_identical", "p_value", floor.p["l2"], note=f"floor 1/(T+1) = {floor.floor:g}")
-    _tiny_localized(cfg, ctx, enc)
+    from lmlab.core.pruning import calibration_windows
+
+    loc_calib = calibration_windows(train_ids, cfg.tiny_batch, seq, seed=derive_seed(cfg.seed, "tiny-localized"))
+    loc_a = trained(derive_seed(cfg.seed, "tiny-localized"), n_layers=4)
+    loc_b, keep = _structured_prune(loc_a, loc_calib, 3, 3 * 2 * cfg.tiny_hidden // 4)
+    pretrain_lm(loc_b, ft_ids, steps=cfg.tiny_ft_steps, batch_size=cfg.tiny_batch, seq_len=seq, lr=cfg.tiny_lr / 10,
+                warmup=0, seed=derive_seed(cfg.seed, "tiny-localized-heal"))  # fmt: skip
+    _tiny_localized(cfg, ctx, enc, loc_a, loc_b, keep)
 
     x = [(k + 0.5) / n for k in range(n)]
     series = {s: sorted(per[f"{s}@tiny_independent"]) for s in STATS}
@@ -239,24 +286,21 @@ def _tiny_part(cfg: Any, ctx: Any, texts: list[str], train: list[str], dev: list
         + "; false positives at "
         f"alpha={cfg.alpha:g}: " + ", ".join(f"{r['statistic']} {r['false_positives']}/{n}" for r in calib) + ". "
         f"The permuted + rotated copies reproduce the logits to a relative {max(gaps64):.1e} (float64 copies; "
-        f"{max(gaps32):.1e} in float32: summation order only)."
+        f"{max(gaps32):.1e} in float32: summation order only). The fine-tuned copies moved their block weights by "
+        f"a relative {min(moved):.3f}-{max(moved):.3f}."
     )
     return _tiny_claims(cfg)
 
 
-def _tiny_localized(cfg: Any, ctx: Any, enc: PairedInputs) -> None:
-    """Localized testing: a 4-block tiny model vs a copy keeping blocks 0, 2, 3 -> map {0: 0, 2: 1, 3: 2}."""
-    from lmlab.core.inference.tiny import make_tiny_model
-
-    a = make_tiny_model(derive_seed(cfg.seed, "tiny-localized"), n_layers=4, hidden=cfg.tiny_hidden)
-    keep = [0, 2, 3]
-    b = keep_layers(a, keep)
+def _tiny_localized(cfg: Any, ctx: Any, enc: PairedInputs, a: Any, b: Any, keep: list[int]) -> None:
+    """Localized testing on a trained 4-block tiny model `a` vs its structurally pruned and healed copy `b` (blocks
+    `keep` = [0, 1, 3], 3/4 of the MLP units): the map {0: 0, 1: 1, 3: 2}."""
     acts_a = mlp_activations(a, enc.ids_a, list(range(4)))
     acts_b = mlp_activations(b, enc.ids_a, list(range(3)))
     loc = localized_from_activations(acts_a, acts_b, list(range(4)), list(range(3)), threshold=cfg.match_threshold,
                                      cost=cfg.match_cost)  # fmt: skip
     truth = {k: j for j, k in enumerate(keep)}
-    ctx.record_value("localized@tiny_keep_0_2_3", "map_correct", float(loc.layer_map == truth),
+    ctx.record_value("localized@tiny_pruned", "map_correct", float(loc.layer_map == truth),
                      note=f"found {loc.layer_map}, true {truth}")  # fmt: skip
     table = []
     for ii, i in enumerate(loc.blocks_a):
@@ -269,6 +313,9 @@ def _tiny_localized(cfg: Any, ctx: Any, enc: PairedInputs) -> None:
 
 def _tiny_claims(cfg: Any) -> list[Claim]:
     claims = [
+        Claim("rel_weight_change", "tiny_finetuned", "min_change@tiny", ">",
+              text=f"A: the tiny fine-tunes moved the block weights by more than {cfg.finetune_min_change:g} "
+                   "(relative Frobenius, per pair)"),
         Claim("rejects_at_alpha", "permtest_l2@tiny_finetuned", "permtest_l2@tiny_independent", ">", min_effect=0.5,
               text="A power: PERMTEST-L2 rejects at alpha on fine-tuned copies far more often than on independent "
                    "pairs (paired by pair)"),
@@ -295,7 +342,7 @@ def _tiny_claims(cfg: Any) -> list[Claim]:
 
 def _derive(kind: str, cfg: Any, model: Any, tok: Any, acts: MLPActivations, rb: int, train: list[str],
             dev: list[str], ids0: torch.Tensor) -> tuple[Any, dict[str, Any]]:  # fmt: skip
-    from lmlab.core.pruning import calibration_windows, prune_model, token_stream
+    from lmlab.core.pruning import calibration_windows, token_stream
     from lmlab.core.training.pretrain import pretrain_lm
 
     seed = derive_seed(cfg.seed, "derive", kind)
@@ -320,9 +367,23 @@ def _derive(kind: str, cfg: Any, model: Any, tok: Any, acts: MLPActivations, rb:
         stream = token_stream(tok, train)
         seq = max(2, min(cfg.prune_seq_len, len(stream) - 1))
         calib = calibration_windows(stream, cfg.prune_calib, seq, seed=seed)
-        d = copy.deepcopy(model)
-        rep = prune_model(d, calib, method="wanda", sparsity=cfg.prune_sparsity, track_dense=False)
-        return d, {"method": "wanda", "sparsity": rep.sparsity, "calib_windows": list(calib.shape)}
+        if cfg.prune_keep_blocks >= n_blocks(model):
+            raise ValueError(f"prune_keep_blocks must be below {n_blocks(model)} for {cfg.model}, got "
+                             f"{cfg.prune_keep_blocks}")  # fmt: skip
+        d, keep = _structured_prune(model, calib, cfg.prune_keep_blocks, cfg.prune_keep_units)
+        info: dict[str, Any] = {
+            "method": "depth + width",
+            "keep": keep,
+            "blocks_kept": len(keep),
+            "mlp_units_kept": cfg.prune_keep_units,
+            "calib_windows": list(calib.shape),
+        }
+        if cfg.prune_heal_steps > 0:  # a brief heal: the pruned model is trained on, as released pruned models are
+            heal_seq = max(2, min(cfg.finetune_seq_len, len(stream) - 2))
+            res = pretrain_lm(d, stream, steps=cfg.prune_heal_steps, batch_size=cfg.finetune_batch, seq_len=heal_seq,
+                              lr=cfg.finetune_lr, warmup=0, seed=derive_seed(seed, "heal"))  # fmt: skip
+            info.update(heal_steps=cfg.prune_heal_steps, heal_loss_first=res.losses[0], heal_loss_last=res.losses[-1])
+        return d, info
     if kind == "retrained":
         d = copy.deepcopy(model)
         x = acts.units(rb, "inputs").T  # (tokens, d) real inputs of the block's MLP
@@ -332,6 +393,35 @@ def _derive(kind: str, cfg: Any, model: Any, tok: Any, acts: MLPActivations, rb:
                                    lr=cfg.retrain_lr, seed=seed)  # fmt: skip
         return d, {"block": rb, "steps": cfg.retrain_steps, "rel_mse_last": losses[-1] / max(scale, 1e-30)}
     raise ValueError(f"unknown derived kind {kind!r}")
+
+
+def _pruned_tests(cfg: Any, ctx: Any, model: Any, pruned: Any, acts_base: MLPActivations, enc: PairedInputs,
+                  blocks: list[int], keep: list[int]) -> dict[str, Any]:  # fmt: skip
+    """MATCH on the structurally pruned copy: localized over every block pair (the kept-block map, gated against the
+    relative-depth guess) and per tested kept block through the true map (rectangular LAP: fewer units)."""
+    n_a, n_b = n_blocks(model), n_blocks(pruned)
+    truth = {k: j for j, k in enumerate(keep)}  # block of the base -> its block in the pruned copy
+    acts_p = mlp_activations(pruned, enc.ids_a, list(range(n_b)))
+    loc = localized_from_activations(acts_base, acts_p, list(range(n_a)), list(range(n_b)),
+                                     threshold=cfg.match_threshold, cost=cfg.match_cost)  # fmt: skip
+    guess = relative_blocks(list(range(n_a)), n_a, n_b)  # the trivial map: the same relative depth
+    ctx.record("localized@pruned", "map_correct", [float(loc.layer_map.get(i) == truth.get(i)) for i in range(n_a)],
+               note="per base block: matched to its true pruned block, or (dropped) to none")  # fmt: skip
+    ctx.record("relative_depth@pruned", "map_correct", [float(guess[i] == truth.get(i)) for i in range(n_a)],
+               note="per base block: the block at the same relative depth (dropped blocks: always wrong)")  # fmt: skip
+    ctx.table("localized_pruned", [
+        {"block_a": i, "true_b": truth.get(i), "found_b": loc.layer_map.get(i), "relative_depth_b": guess[i],
+         "tested_pairs": int(np.sum(~np.isnan(loc.p[i]))),
+         "p_true": None if i not in truth or math.isnan(loc.p[i, truth[i]]) else float(f"{loc.p[i, truth[i]]:.3g}")}
+        for i in range(n_a)
+    ])  # fmt: skip
+    ctx.note(
+        f"Structured pruning: kept blocks {keep} of {n_a}; localized MATCH recovered "
+        f"{sum(loc.layer_map.get(i) == truth.get(i) for i in range(n_a))}/{n_a} base blocks' map "
+        f"({int(np.sum(~np.isnan(loc.p)))} block pairs tested)."
+    )
+    pairs = [(i, truth[i]) for i in blocks if i in truth]
+    return {"match": match_from_activations(acts_base, acts_p, pairs, cost=cfg.match_cost)} if pairs else {}
 
 
 def _real_part(cfg: Any, ctx: Any, texts: list[str], train: list[str], dev: list[str]) -> list[Claim]:
@@ -344,16 +434,22 @@ def _real_part(cfg: Any, ctx: Any, texts: list[str], train: list[str], dev: list
             raise ValueError(f"retrain_block must be in [0, {n_layers - 1}] for {cfg.model}, got {rb}")
         blocks = sorted(set(blocks) | {rb})
     enc = encode_pair(texts, tok, tok, max_tokens=cfg.seq_len, columns="tokens")
-    acts_base = mlp_activations(model, enc.ids_a, blocks, capture_inputs="retrained" in cfg.derived)
+    # localized testing of the pruned copy needs every block of the base model; the other pairs the tested ones
+    act_blocks = list(range(n_layers)) if "pruned" in cfg.derived else blocks
+    acts_base = mlp_activations(model, enc.ids_a, act_blocks, capture_inputs="retrained" in cfg.derived)
     ctx.flag("real_blocks", blocks)
     block_rows, pair_rows = [], []
     values: dict[str, list[float]] = defaultdict(list)
+    value_pairs: dict[str, list[str]] = defaultdict(list)  # the derived pair of each pooled value (its cluster)
     for kind in ctx.progress(cfg.derived, "derived pairs"):
         t0 = time.perf_counter()
         derived, info = _derive(kind, cfg, model, tok, acts_base, rb, train, dev, enc.ids_a[0])
         build_s = time.perf_counter() - t0
-        acts_d = mlp_activations(derived, enc.ids_a, blocks)
-        res = _tests(model, derived, acts_base, acts_d, blocks, cfg, derive_seed(cfg.seed, "perm", kind))
+        if kind == "pruned":  # other depth and widths: only MATCH applies (constrained tests need one architecture)
+            res = _pruned_tests(cfg, ctx, model, derived, acts_base, enc, blocks, info["keep"])
+        else:
+            acts_d = mlp_activations(derived, enc.ids_a, blocks)
+            res = _tests(model, derived, acts_base, acts_d, blocks, cfg, derive_seed(cfg.seed, "perm", kind))
         if kind == "retrained" and cfg.generalized_steps > 0:
             from lmlab.methods.analysis.model_independence.method import generalized_match
 
@@ -365,24 +461,35 @@ def _real_part(cfg: Any, ctx: Any, texts: list[str], train: list[str], dev: list
                 "generalized@retrained", "p_value", p_gen, note=f"block {rb}, {cfg.generalized_steps} steps"
             )
             info["generalized_p"] = p_gen
+        if kind == "finetune":  # the gate that the fine-tune really moved the model
+            moved = relative_weight_change(model, derived, blocks)
+            info["rel_weight_change_min"] = min(moved)
+            ctx.record("finetune", "rel_weight_change", moved, note="||W_ft - W||_F / ||W||_F per tested block")
+            ctx.record("min_change", "rel_weight_change", [cfg.finetune_min_change] * len(moved), note="gated floor")
         del derived
         for s in ("permtest_l2", "permtest_cos"):
-            ctx.record_value(f"{s}@{kind}", "p_value", res[s], note=f"T={cfg.n_perm}, floor {1 / (cfg.n_perm + 1):g}")
+            if s in res:
+                floor = 1 / (cfg.n_perm + 1)
+                ctx.record_value(f"{s}@{kind}", "p_value", res[s], note=f"T={cfg.n_perm}, floor {floor:g}")
         for s in ("csw", "csh", "match"):
+            if s not in res:
+                continue
             bt = res[s]
             _record_p(ctx, f"{s}@{kind}", bt.p, cfg, "one value per tested block (the paper's Fisher unit)")
             ctx.record_value(f"{s}@{kind}", "fisher_p", bt.aggregate, note=f"Fisher over {len(bt.p)} blocks")
             if kind != "perm_rot":
                 values[f"{s}@derived"] += bt.p
-            for (i, _), p in zip(bt.blocks, bt.p):
-                block_rows.append({"pair": kind, "statistic": s, "block": i, "p": p})
+                value_pairs[f"{s}@derived"] += [kind] * len(bt.p)
+            for (i, j), p in zip(bt.blocks, bt.p):
+                block_rows.append({"pair": kind, "statistic": s, "block": i, "block_b": j, "p": p})
         ctx.record_value(kind, "build_time", build_s, unit="s")
-        pair_rows.append({"pair": kind, "permtest_l2": res["permtest_l2"], "permtest_cos": res["permtest_cos"],
-                          **{f"{s}_fisher": res[s].aggregate for s in ("csw", "csh", "match")},
+        pair_rows.append({"pair": kind, "permtest_l2": res.get("permtest_l2"), "permtest_cos": res.get("permtest_cos"),
+                          **{f"{s}_fisher": res[s].aggregate if s in res else None for s in ("csw", "csh", "match")},
                           **{k: v for k, v in info.items() if not isinstance(v, list)}})  # fmt: skip
         ctx.flag(f"derived_{kind}", info)
     for system, ps in values.items():
-        _record_p(ctx, system, ps, cfg, "pooled over the non-adversarial derived pairs x tested blocks")
+        note = "pooled over the non-adversarial derived pairs x tested blocks, clustered by derived pair"
+        _record_p(ctx, system, ps, cfg, note, clusters=value_pairs[system])  # blocks of one model share its derivation
     has_indep = False
     if cfg.independent_model:
         has_indep = True
@@ -431,10 +538,23 @@ def _real_claims(cfg: Any, has_indep: bool) -> list[Claim]:
         if "finetune" in derived:
             claims.append(Claim("detected", "csw@finetune", "csw@perm_rot", ">", min_effect=0.5, gate=False,
                                 text="B: CSW detects the fine-tuned copy, not the attack (reported)"))  # fmt: skip
+    if "finetune" in derived:
+        claims.append(Claim("rel_weight_change", "finetune", "min_change", ">",
+                            text=f"B: the fine-tune moved every tested block's weights by more than "
+                                 f"{cfg.finetune_min_change:g} (relative Frobenius, per block)"))  # fmt: skip
+        if has_indep:
+            claims.append(Claim("detected", "match@finetune", "match@independent_real", ">", min_effect=0.5,
+                                paired=False, text="B: MATCH detects the fine-tuned SmolLM2 per block and not SmolLM2 "
+                                                   "vs the independent model (per block)"))  # fmt: skip
+    if "pruned" in derived:
+        claims.append(Claim("map_correct", "localized@pruned", "relative_depth@pruned", ">", min_effect=0.5,
+                            text="B localized: block x block MATCH recovers the kept-block map of the structurally "
+                                 "pruned SmolLM2 (per base block), far beyond the relative-depth guess"))  # fmt: skip
     if has_indep and derived - {"perm_rot"}:
         claims.append(Claim("detected", "match@derived", "match@independent_real", ">", min_effect=0.5, paired=False,
-                            text="B: MATCH detects the derived SmolLM2 pairs per block and not SmolLM2 vs the "
-                                 "independent model"))  # fmt: skip
+                            gate=False, text="B: MATCH detects the derived SmolLM2 pairs per block and not "
+                                             "SmolLM2 vs the independent model (clustered by derived pair; "
+                                             "reported)"))  # fmt: skip
     return claims
 
 

@@ -6,10 +6,13 @@
 * `permute_model`: π(θ), new W[i, j] = W[σ(i), τ(j)] (σ on the d residual dimensions, τ_l on the h units of block l);
   `random_permutations` draws π uniformly from Π (the null distribution of PERMTEST). Outputs unchanged.
 * `rotate_residual`: h' = h Q (RMSNorm scales folded into the next linear, head untied); outputs unchanged.
-* `keep_layers`: drop decoder blocks (the structured pruning of localized testing).
+* `keep_layers`, `keep_mlp_units`: drop decoder blocks and MLP units (structured pruning: depth and width, the
+  derived model of localized testing); `deep_block_keep` is the kept-block pattern, `glu_unit_importance` the
+  per-unit score that picks the kept units.
 * `retrain_mlp_block`: re-initialise one MLP and distil it on its real inputs (outputs approximately unchanged).
 
-Block helpers (`n_blocks`, `mlp_width`, `hidden_size`, `evenly_spaced`, `relative_blocks`) serve the tests too. Pure.
+Block helpers (`n_blocks`, `mlp_width`, `hidden_size`, `evenly_spaced`, `relative_blocks`) serve the tests too;
+`relative_weight_change` measures how far a derived model moved. Pure.
 """
 
 from __future__ import annotations
@@ -261,6 +264,86 @@ def keep_layers(model: nn.Module, keep: Sequence[int]) -> nn.Module:
     return out
 
 
+def deep_block_keep(n_total: int, keep: int, tail: int = 2) -> list[int]:
+    """Blocks kept when a contiguous run of deep blocks is dropped: the first ``keep - tail`` and the last `tail`.
+
+    The layer-pruning pattern of Gromov et al. (2024, "The Unreasonable Ineffectiveness of the Deeper Layers") and
+    ShortGPT: the deep blocks before the last ones are the most redundant. `tail` shrinks to ``keep // 2`` for small
+    `keep`. E.g. (30, 20) -> [0..17, 28, 29].
+    """
+    if not 1 <= keep < n_total:
+        raise ValueError(f"keep must be in [1, {n_total - 1}] for a {n_total}-block model, got {keep}")
+    tail = min(tail, keep // 2)
+    return list(range(keep - tail)) + list(range(n_total - tail, n_total))
+
+
+@torch.no_grad()
+def glu_unit_importance(mlp: nn.Module, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """(h,) importance of each MLP unit: mean_t |act(gate_u(t)) up_u(t)| x ||W_down[:, u]||.
+
+    `gate`, `up`: (h, n_tokens) outputs of ``gate_proj`` / ``up_proj`` on calibration tokens (`MLPActivations.units`).
+    The activation-times-output-norm score of width pruning (Minitron ranks MLP units by their mean activation; the
+    down_proj column norm makes it the unit's contribution to the residual stream).
+    """
+    act = getattr(mlp, "act_fn", torch.nn.functional.silu)
+    contrib = (act(gate.float()) * up.float()).abs().mean(dim=1)  # (h,)
+    return contrib * mlp.down_proj.weight.detach().float().norm(dim=0)
+
+
+@torch.no_grad()
+def keep_mlp_units(model: nn.Module, keep: Sequence[torch.Tensor], *, inplace: bool = False) -> nn.Module:
+    """Width pruning: block l keeps the MLP units `keep[l]` (rows of gate/up, columns of down_proj), in index order.
+
+    Every block must keep the same number of units (``config.intermediate_size`` is one number). The kept units keep
+    their weights, so the pruned model is derived from `model` unit by unit; MATCH then needs the rectangular LAP.
+    """
+    layers = _decoder_layers(model)
+    if len(keep) != len(layers):
+        raise ValueError(f"keep must hold one index set per block ({len(layers)}), got {len(keep)}")
+    widths = {int(k.numel()) for k in keep}
+    if len(widths) != 1:
+        raise ValueError(f"every block must keep the same number of units, got {sorted(widths)}")
+    out = model if inplace else copy.deepcopy(model)
+    for block, idx in enumerate(keep):
+        mlp = _glu(out, block)
+        h = mlp.up_proj.weight.shape[0]
+        idx = torch.as_tensor(idx, dtype=torch.long).sort().values
+        if idx.numel() < 1 or idx[0] < 0 or idx[-1] >= h or idx.unique().numel() != idx.numel():
+            raise ValueError(f"keep[{block}] must be distinct unit indices in [0, {h - 1}]")
+        for name, dim in (("gate_proj", 0), ("up_proj", 0), ("down_proj", 1)):
+            old = getattr(mlp, name)
+            new = nn.Linear(
+                old.in_features if dim == 0 else idx.numel(),
+                idx.numel() if dim == 0 else old.out_features,
+                bias=old.bias is not None,
+                dtype=old.weight.dtype,
+            )
+            new.weight.copy_(old.weight.index_select(dim, idx))
+            if old.bias is not None:
+                new.bias.copy_(old.bias.index_select(0, idx) if dim == 0 else old.bias)
+            setattr(mlp, name, new)
+        if hasattr(mlp, "intermediate_size"):
+            mlp.intermediate_size = int(idx.numel())
+    out.config.intermediate_size = widths.pop()
+    return out
+
+
+@torch.no_grad()
+def relative_weight_change(model_a: nn.Module, model_b: nn.Module, blocks: Sequence[int]) -> list[float]:
+    """Per block, ||W_b − W_a||_F / ||W_a||_F over the block's matrices (same architecture): how far b moved."""
+    pa, pb = dict(model_a.named_parameters()), dict(model_b.named_parameters())
+    out = []
+    for block in blocks:
+        prefix = f"model.layers.{block}."
+        names = [n for n, p in pa.items() if n.startswith(prefix) and p.dim() == 2]
+        if not names or any(n not in pb or pb[n].shape != pa[n].shape for n in names):
+            raise ValueError(f"relative_weight_change needs block {block} in both models with the same shapes")
+        num = sum(float((pb[n].double() - pa[n].double()).square().sum()) for n in names)
+        den = sum(float(pa[n].double().square().sum()) for n in names)
+        out.append((num / max(den, 1e-300)) ** 0.5)
+    return out
+
+
 def retrain_mlp_block(
     model: nn.Module,
     block: int,
@@ -316,13 +399,17 @@ def _fit(module: nn.Module, batch_fn: Any, n: int, steps: int, batch_size: int, 
 
 
 __all__ = [
+    "deep_block_keep",
     "evenly_spaced",
+    "glu_unit_importance",
     "haar_rotation",
     "index_plan",
     "keep_layers",
+    "keep_mlp_units",
     "permute_model",
     "random_permutations",
     "relative_blocks",
+    "relative_weight_change",
     "retrain_mlp_block",
     "rotate_residual",
 ]
