@@ -126,6 +126,9 @@ def test_stale_cells_from_git_history(tmp_path):
     first = _git(repo, "rev-parse", "HEAD")
     (repo / "src/lmlab/methods/pruning/beta/method.py").write_text("x = 2\n")
     _git(repo, "commit", "-q", "-am", "two")
+    (repo / "src/lmlab/methods/decoding/alpha/README.md").write_text("verdict from the run\n")  # words, not code
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "three")
 
     def cell(method, area, commit):
         return {"method": method, "area": area, "path": f"{method}/m/seed0.json"}, {"git_commit": commit}

@@ -196,7 +196,8 @@ def load_study(study_root: str | Path = STUDY_ROOT) -> dict[str, Any]:
 def _changed_since(repo_root: Path, commit: str, pathspec: str) -> bool | str:
     try:
         out = subprocess.run(
-            ["git", "log", "--format=%H", f"{commit}..HEAD", "--", pathspec],
+            # a README (or other .md) commit re-words a verdict, it changes no number: only code makes a cell stale
+            ["git", "log", "--format=%H", f"{commit}..HEAD", "--", pathspec, f":(exclude){pathspec}*.md"],
             cwd=repo_root, capture_output=True, text=True, timeout=GIT_TIMEOUT_S, stdin=subprocess.DEVNULL,
             env={"PATH": "/usr/local/bin:/usr/bin:/bin", "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"},
         )  # fmt: skip
@@ -209,7 +210,8 @@ def _changed_since(repo_root: Path, commit: str, pathspec: str) -> bool | str:
 
 def stale_cells(study: Mapping[str, Any], repo_root: str | Path = ".") -> dict[str, bool | str]:
     """Per cell path of `study` (a `load_study` dict): True when its method's folder
-    (``src/lmlab/methods/<area>/<method>/``) has commits after the cell's commit, False when not, ``"unknown"``
+    (``src/lmlab/methods/<area>/<method>/``, Markdown files aside: a README written from the cell's run does not
+    outdate it) has commits after the cell's commit, False when not, ``"unknown"``
     when git, the repository or the commit is unavailable. Never raises."""
     root = Path(repo_root)
     extra = study.get("study") or {}
