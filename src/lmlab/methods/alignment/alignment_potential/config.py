@@ -91,7 +91,9 @@ class AlignmentPotentialConfig(BaseConfig):
     # implicit-only +0 [0, 0]). The spec's 2 epochs; lr chosen on the dev split by the mean dev pref_acc over the 8
     # trained systems (README, "Training recipe"): 1e-5 0.827, 3e-5 0.839, 1e-4 0.823, 3e-4 0.827, 1e-3 0.796.
     epochs: int = param(2, "training epochs over the kept pairs", paper="1 (SimPO recipe); spec: 2")
-    lr: float = param(3e-5, "AdamW peak learning rate (chosen on dev)", paper="~5e-7 to 1e-6 on 8B full fine-tuning (SimPO recipe)")
+    lr: float = param(
+        3e-5, "AdamW peak learning rate (chosen on dev)", paper="~5e-7 to 1e-6 on 8B full fine-tuning (SimPO recipe)"
+    )
     train_batch: int = param(4, "pairs per optimiser step", paper="128 (SimPO recipe)")
     warmup_ratio: float = param(0.1, "linear warm-up share of the steps, then cosine decay", paper="0.1 (SimPO)")
     max_grad_norm: float = param(1.0, "gradient-norm clip (0: off)", paper="1.0 (HF Trainer default)")

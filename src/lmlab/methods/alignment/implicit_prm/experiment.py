@@ -456,8 +456,8 @@ def run(cfg: Any, ctx: Any) -> Any:
     )
 
     # -- 4. claims --------------------------------------------------------------------------------------------------
-    unfit = {b: "" if ok else " -- NOT MEANINGFUL: this baseline does not beat a pick among distinct texts on dev, so the check is "
-             "not gated" for b, ok in sane.items()}  # fmt: skip
+    unfit = {b: "" if ok else " -- NOT MEANINGFUL: this baseline does not beat a pick among distinct texts on dev, "
+             "so the check is not gated" for b, ok in sane.items()}  # fmt: skip
     claims = [
         Claim("bon_acc", headline, "majority_vote", ">",
               text=f"best-of-{cfg.n_candidates}: the implicit PRM ({cfg.headline}) beats majority vote"),
