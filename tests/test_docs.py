@@ -65,6 +65,7 @@ needs_git = pytest.mark.skipif(not _full_git_history(), reason="stale markers ne
 
 
 @needs_git
+@needs_git  # the page marks stale cells, from `git log`
 def test_reproduction_page_is_up_to_date():
     page = (docs.ROOT / "docs" / "reproduction.md").read_text()
     assert page == docs.reproduction_md(), "run `python -m lmlab.docs` (results/study changed)"
