@@ -35,4 +35,6 @@ def test_fractal_parameters_of_human_and_sampled_text(smollm2):
     # the claim checks are computed from this run (not asserted: the H direction is not stable at 6 documents)
     texts = " ".join(c.text for c in result.claims)
     assert "temperature_moves" in texts and "fractal_helps_detection" in texts
-    assert result.flags["scoring"]["self_scored"] == ["smollm2_prefix_t0.5", "smollm2_prefix_t1.5"]
+    # one scoring procedure for every text (issue 35); the flag names the generators scored by their own model
+    assert result.flags["scoring"]["procedure"].startswith("re-tokenised")
+    assert result.flags["scoring"]["generators_scored_by_their_own_model"] == ["smollm2"]
