@@ -303,10 +303,13 @@ def noisy_oracle_judge(gap: Any, xi: Any, noise_sd: float, *, bias: float = 0.0,
 
 
 def calibrate_judge_noise(
-    gap: Any, z: Any, xi: Any, target_rho2: float, *, bias: float = 0.0, tau: float = 0.25, iters: int = 60
+    gap: Any, z: Any, xi: Any, target_rho2: float, *, bias: float = 0.0, tau: float = 0.25
 ) -> float:
-    """The noise s of `noisy_oracle_judge` at which corr(z, ẑ)² = `target_rho2` on the given population (bisection;
-    ρ² falls as s grows). Raises when even s = 0 stays below the target (the human's own label noise caps ρ²)."""
+    """The noise s of `noisy_oracle_judge` at which corr(z, ẑ)² = `target_rho2` on the given population (ρ² falls as
+    s grows: s is bracketed by doubling, then found by `scipy.optimize.brentq`). Raises when even s = 0 stays below
+    the target (the human's own label noise caps ρ²)."""
+    from scipy.optimize import brentq
+
     d, zz = _vec(gap, "gap"), _vec(z, "z")
     if not 0.0 < target_rho2 < 1.0:
         raise ValueError(f"target_rho2 must be in (0, 1), got {target_rho2!r}")
@@ -317,15 +320,12 @@ def calibrate_judge_noise(
     best = rho2(0.0)
     if best < target_rho2:
         raise ValueError(f"a planted judge reaches at most rho2 = {best:.3f} on this population, below {target_rho2}")
-    lo, hi = 0.0, 1.0
+    hi = 1.0
     while rho2(hi) > target_rho2:
         hi *= 2.0
         if hi > 1e6:
             raise ValueError(f"no judge noise brings rho2 down to {target_rho2}")
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if rho2(mid) > target_rho2 else (lo, mid)
-    return 0.5 * (lo + hi)
+    return float(brentq(lambda s: rho2(s) - target_rho2, 0.0, hi))
 
 
 def bt_judge(score_a: Any, score_b: Any, temperature: float = 1.0) -> np.ndarray:
