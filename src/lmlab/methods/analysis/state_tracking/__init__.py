@@ -46,7 +46,7 @@ SPEC = register_method(
                 "n_patch": 48,
             },
         },
-        # default: the 10-minute class (12 seeds x 2 conditions trained until learned; see config.py's budget note)
+        # default: the 10-minute class (12 plain-condition seeds trained until learned; config.py's budget note)
         budget_s={"smoke": 10.0, "quick": 60.0, "default": 600.0},
         tags=("analysis", "interpretability", "from-scratch"),
         bibtex=(

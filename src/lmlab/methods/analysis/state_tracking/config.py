@@ -24,10 +24,11 @@ class StateTrackingConfig(BaseConfig):
 
     Budget note: the default preset is in the 10-minute class (budget 600 s): the claim needs 12 seeds (the
     unpaired AA-vs-PAA checks need >= 6 seeds on each side, `min_n`) and trackers that learn the task (the spec's
-    ~2000 steps). Estimate on 2 quiet cores from the measured ~9 ms per S3 step: 24 runs x up to 2000 state steps
-    (+100 parity steps for `parity_cur`) = <= 49,200 steps ~ 7.4 min, plus ~2 s of diagnostics per run ~ 0.8 min,
-    ~8.3 min at most; runs that learn stop early (at ~1200 steps each, ~5.3 min). S5 (never learned at this scale)
-    is left out of the default.
+    ~2000 steps). Measured on 2 quiet cores (one seed, both conditions, 104 s): a plain run stopped learned at 800
+    steps in 52 s; the parity curriculum run did not learn in 2000 steps (43 s) and so adds no labelled run. The
+    default therefore trains the plain condition only, 12 seeds ~ 12 x 52 s ~ 10.5 min; the parity curriculum stays
+    one flag away (``--set conditions=plain,parity_cur``, ~ 2x the time). S5 (never learned at this scale) is left
+    out of the default.
 
     Args:
         model (`str`): unused: the trackers are built from scratch (`make_tracker`); recorded for the CLI.
@@ -36,7 +37,7 @@ class StateTrackingConfig(BaseConfig):
         groups (`list[str]`): ``S3`` and/or ``S5`` (code: ``--num_items 3|5``); default S3 only (S5 is not
             learned at CPU scale and took budget from the seeds).
         conditions (`list[str]`): ``plain`` (state supervision), ``parity_cur`` (parity labels first,
-            ``--is_parity_cur``), ``topic`` (next-token pretraining on topic-model data first).
+            ``--is_parity_cur``), ``topic`` (next-token pretraining on topic-model data first); default ``plain``.
         seeds (`int`, defaults to 12): runs per group x condition; a seed fixes the init and the state-phase
             data, shared by the conditions (paired design). The unpaired AA-vs-PAA checks count seeds and need >= 6
             on each side (`min_n`), so fewer than 12 seeds cannot decide them unless the labels split evenly.
@@ -65,8 +66,9 @@ class StateTrackingConfig(BaseConfig):
     groups: list = param(["S3"], "permutation groups: S3 and/or S5 (S5 is not learned at CPU scale)",
                          paper="S3 and S5 [code]")  # fmt: skip
     conditions: list = param(
-        ["plain", "parity_cur"],
-        "training conditions: plain, parity_cur (parity labels first), topic (topic-model NTP first)",
+        ["plain"],
+        "training conditions: plain, parity_cur (parity labels first), topic (topic-model NTP first); default plain "
+        "only (a measured parity_cur run did not learn in 2000 steps: see the budget note)",
         paper="direct_state; --is_parity_cur; next_token topic pretraining [code]",
     )
     seeds: int = param(12, "runs per group x condition (the independent unit; >= 6 per side decide the checks)",
