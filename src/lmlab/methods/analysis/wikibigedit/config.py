@@ -82,7 +82,8 @@ class WikiBigEditConfig(BaseConfig):
     ft_layers: list | None = param(None, "layers whose down_proj FT trains (None: the two middle layers)")
     ft_lr: float = param(5e-4, "Adam base learning rate of FT", paper="5e-4 (EasyEdit FT-L)")
     lr_search: list = param([1.0, 8.0, 64.0], "multipliers of the scaled LoRA / FT lr searched on dev")
-    lr_max_extensions: int = param(1, "dev runs past an edge of lr_search, at the grid's ratio there")
+    lr_max_extensions: int = param(3, "dev runs past an edge of lr_search, at the grid's ratio there (FT's choice sat "
+                                   "on the top edge after 1: x512 of the scaled lr)")  # fmt: skip
     lr_dev_edits: int = param(8, "edits of the dev increment each lr trial trains on (GeoBigEdit dev split)")
     rome_layer: int = param(4, "layer whose down_proj ROME edits", paper="5 (Llama-3-8B)")
     rome_steps: int = param(12, "v* optimisation steps", paper="25 (v_num_grad_steps)")
