@@ -261,6 +261,10 @@ def test_baselines_are_checked_against_a_scorers_floor_and_gate_only_when_they_b
     assert by[("implicit_prm_ce", "mc_prm", "bon_acc")].gate == sane["mc_prm"]
     assert not by[("implicit_prm_ce", "orm", "bon_acc")].gate
     assert by[("majority_vote", "random", "bon_acc")]  # voting is judged against the copy-counting pick
+    # the paper's claim against majority vote (section 5.1, official README) is the reward-WEIGHTED vote for CE; the
+    # min-step pick alone (below majority vote for CE in the paper) is reported only
+    assert by[("implicit_prm_ce_wmv", "majority_vote", "bon_acc")].gate
+    assert not by[("implicit_prm_ce", "majority_vote", "bon_acc")].gate
 
 
 def test_trivial_pick_and_size_shortcut_rows_are_reported(tuned_smoke):

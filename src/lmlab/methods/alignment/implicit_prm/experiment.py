@@ -459,8 +459,15 @@ def run(cfg: Any, ctx: Any) -> Any:
     unfit = {b: "" if ok else " -- NOT MEANINGFUL: this baseline does not beat a pick among distinct texts on dev, "
              "so the check is not gated" for b, ok in sane.items()}  # fmt: skip
     claims = [
-        Claim("bon_acc", headline, "majority_vote", ">",
-              text=f"best-of-{cfg.n_candidates}: the implicit PRM ({cfg.headline}) beats majority vote"),
+        # the paper's claim against majority vote is the WEIGHTED vote for CE (section 5.1 and the official README:
+        # "CE loss becomes the most effective when augmented with majority voting"; KTO and CE alone fall below
+        # majority vote there), so that is the gated row; the min-step pick against majority vote is reported
+        Claim("bon_acc", f"{headline}_wmv", "majority_vote", ">",
+              text=f"best-of-{cfg.n_candidates}: majority vote weighted by the implicit PRM's ({cfg.headline}) "
+                   "response reward beats plain majority vote (the paper's section 5.1)"),
+        Claim("bon_acc", headline, "majority_vote", ">", gate=False,
+              text=f"best-of-{cfg.n_candidates}: the implicit PRM's ({cfg.headline}) min-step pick alone beats "
+                   "majority vote (reported: the paper finds CE alone below majority vote)"),
         Claim("bon_acc", headline, "mc_prm", ">", gate=sane["mc_prm"],
               text="best-of-N: the implicit PRM beats the Math-Shepherd PRM trained on Monte Carlo step labels "
                    "(paper: >=; inconclusive is acceptable)" + unfit["mc_prm"]),
