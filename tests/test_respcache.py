@@ -7,7 +7,15 @@ import math
 
 import pytest
 
-from lmlab.data.respcache import ResponseCache, ResponseRow, cache_filename, flop_cost, load_cache
+from lmlab.data.respcache import (
+    ResponseCache,
+    ResponseRow,
+    cache_filename,
+    flop_cost,
+    load_cache,
+    load_caches,
+    synthetic_cache,
+)
 
 
 def _d(rows: list[ResponseRow]) -> list[dict]:
@@ -52,6 +60,45 @@ def test_truncated_file_is_a_one_line_error(tmp_path):
         fh.write('{"schema": 99, "suite": "s", "seed": 0}\n')
     with pytest.raises(ValueError, match="schema 99, expected"):
         ResponseCache.load(tmp_path / "wrong.jsonl.gz")
+
+
+def test_schema_1_caches_load_with_no_answer_key_and_new_ones_keep_it(tmp_path):
+    with gzip.open(tmp_path / "v1.jsonl.gz", "wt") as fh:  # a cache written before the answer_key column
+        fh.write('{"schema": 1, "suite": "s", "seed": 0}\n')
+        fh.write('{"variant": "a", "query_id": "q1", "task": "t", "correct": 1.0, "cost_flops": 1.0}\n')
+    assert ResponseCache.load(tmp_path / "v1.jsonl.gz").rows[0].answer_key is None
+    rows = [dict(_rows()[0], answer_key="x")]
+    back = ResponseCache.load(ResponseCache.from_records(rows).save(tmp_path / "v2.jsonl.gz"))
+    assert back.rows[0].answer_key == "x"
+
+
+def test_load_caches_gives_one_cache_per_seed_and_rejects_bad_seed_lists(tmp_path, monkeypatch):
+    monkeypatch.setenv("LMLAB_CACHE", str(tmp_path))
+    for s in (0, 1):
+        ResponseCache.from_records(_rows(), suite="mixed", seed=s).save(
+            tmp_path / "responses" / cache_filename("mixed", s)
+        )
+    assert [c.seed for c in load_caches("mixed", [1, 0])] == [1, 0]
+    for bad, msg in (([], "seeds is empty"), ([0, 0], "distinct"), ([-1], "ints >= 0"), (["0"], "ints >= 0")):
+        with pytest.raises(ValueError, match=msg):
+            load_caches("mixed", bad)
+    with pytest.raises(FileNotFoundError, match="seed 7"):
+        load_caches("mixed", [0, 7])
+
+
+def test_synthetic_answer_keys_agree_exactly_when_right_and_split_when_wrong():
+    c = synthetic_cache(6, 60, seed=3)
+    by_query: dict[str, list[ResponseRow]] = {}
+    for r in c.rows:
+        by_query.setdefault(r.query_id, []).append(r)
+    for rows in by_query.values():
+        assert len({r.answer_key for r in rows if r.correct == 1.0}) <= 1  # every right answer has the same key
+        assert all(r.answer_key != k for r in rows if r.correct == 0.0 for k in [x.answer_key for x in rows
+                   if x.correct == 1.0])  # fmt: skip
+    wrong_keys = [[r.answer_key for r in rows if r.correct == 0.0] for rows in by_query.values()]
+    shared_wrong = sum(len(keys) > len(set(keys)) for keys in wrong_keys)
+    assert shared_wrong > 0  # wrong answers collide too: a vote can be won by a wrong answer
+    assert synthetic_cache(6, 60, seed=3).matrix("correct")[2].tolist() == c.matrix("correct")[2].tolist()
 
 
 def test_flop_cost_closed_form_and_bad_input():

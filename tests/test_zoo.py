@@ -8,7 +8,7 @@ import pytest
 from lmlab.data.respcache import ResponseRow, cache_filename, load_cache
 from lmlab.data.respsuite import MIXED_TASKS, suite_queries
 from lmlab.zoo import build as zoo_build
-from lmlab.zoo.answers import extract_expression, safe_eval
+from lmlab.zoo.answers import answer_key, extract_expression, safe_eval
 from lmlab.zoo.build import build_cache, parts_dir
 from lmlab.zoo.run import _pruned_model, run_variant, truncated_model
 from lmlab.zoo.variants import VariantSpec, resolve_variants
@@ -89,6 +89,28 @@ def test_build_on_the_tiny_model_with_two_cheap_variants(tmp_path):
     again = build_cache("mixed", 0, 6, variants=["tiny-random", TINY_TRUNC], out=tmp_path, progress=False,
                         max_new_tokens=4, resume=False)  # fmt: skip
     assert [r.answer for r in again.rows] == [r.answer for r in cache.rows]  # greedy and seeded: same answers
+    # issue 35: every row stores the answer key its text commits to (votes / agreement compare keys, not text)
+    queries = {q.id: q for q in suite_queries("mixed", 6, 0)}
+    assert all(r.answer_key == answer_key(queries[r.query_id], r.answer) for r in cache.rows)
+    assert any(r.answer_key is not None for r in cache.rows)
+    assert [r.answer_key for r in saved.rows] == [r.answer_key for r in cache.rows]
+
+
+def test_answer_keys_merge_the_same_answer_and_keep_case_where_case_is_graded():
+    by_task = {q.task: q for q in suite_queries("mixed", 8, 0)}
+    up, arith = by_task["uppercase"], by_task["arith1"]
+    assert answer_key(up, "FAMILY") != answer_key(up, "family")  # graded case-sensitively: different answers
+    assert answer_key(arith, "The answer is 7.") == answer_key(arith, "7") == "7"
+
+
+def test_the_default_pool_spreads_and_the_mixed_suite_gives_60_queries_per_task():
+    from lmlab.zoo.variants import DEFAULT_VARIANTS
+
+    assert not any(v.startswith("smol-trunc") for v in DEFAULT_VARIANTS)  # 0% on every task: no information
+    assert {"smol-wanda30", "smol-atp40"} <= set(DEFAULT_VARIANTS) and "smol-wanda50" not in DEFAULT_VARIANTS
+    qs = suite_queries("mixed", 480, 1)
+    counts = {t: sum(q.task == t for q in qs) for t in {q.task for q in qs}}
+    assert len(counts) == 8 and set(counts.values()) == {60} and "reverse" not in counts
 
 
 def test_resume_after_a_simulated_kill_and_failures_are_recorded(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@
     lmlab reproduce --from results/study|RUN_DIR [--out DIR] [--export-study [DIR]]   (runs nothing)
     lmlab models [--check] [--json]
     lmlab data list | lmlab data show SUITE [--n 5] [--seed 0] [--split test]
-    lmlab cache build [--suite mixed] [--seed 0] [--n 120] [--variants a,b] [--out DIR] [--no-resume]
+    lmlab cache build [--suite mixed] [--seed 0] [--n 480] [--variants a,b] [--out DIR] [--no-resume]
     lmlab cache show [--suite mixed] [--seed 0]
     lmlab serve [--model M] [--engine fast|fast-int4|hf] [--host H] [--port N] [--max-batch N]
                 [--max-context N] [--served-name NAME] [--strategy JSON] [--threads N]
@@ -626,7 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = csub.add_parser("build", help="run the zoo's variants on a suite and save the per-query results")
     c.add_argument("--suite", default="mixed")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--n", type=int, default=120, help="queries, split evenly over the suite's tasks")
+    c.add_argument("--n", type=int, default=480, help="queries, split evenly over the suite's tasks (60 per task)")
     c.add_argument("--variants", default=None, help="comma-separated variant ids (default: the whole zoo)")
     c.add_argument("--out", default=None, help="cache folder (default $LMLAB_CACHE/responses)")
     c.add_argument("--no-resume", dest="resume", action="store_false", help="rebuild variants with a part file")

@@ -16,8 +16,9 @@ A query with no correct or no wrong answer gives no pair.
 Metric: the source suite's exact grader on the pair's query (`grade`): 1.0 when an output answers it correctly; the
 chosen side grades 1.0 and the rejected side 0.0 by construction.
 
-Data: lmlab's own model outputs, the committed response cache (`src/lmlab/data/responses/mixed-s0.jsonl.gz`, 12
-variants x 120 queries, built by `lmlab cache build`), or a user's rebuilt copy under ``$LMLAB_CACHE/responses``.
+Data: lmlab's own model outputs, the committed response caches (`src/lmlab/data/responses/mixed-s<seed>.jsonl.gz`,
+11 variants x 480 queries per cache seed, built by `lmlab cache build`), or a user's rebuilt copy under
+``$LMLAB_CACHE/responses``.
 """
 
 from __future__ import annotations

@@ -4,8 +4,13 @@ Four methods (cascade_routing, kabb, pmf_predict, cv_winrate) consume only a tab
 of "models"; building that table is the one costly step (selection.md, Shared ground). One `ResponseCache` holds
 the rows of several variants on one suite and seed; each row is one (variant, query) result:
 
-    variant, query_id, task, tags, answer, correct, answer_logprob, option_probs, n_prompt_tokens, n_gen_tokens,
-    cost_flops, wall_s
+    variant, query_id, task, tags, answer, answer_key, correct, answer_logprob, option_probs, n_prompt_tokens,
+    n_gen_tokens, cost_flops, wall_s
+
+`answer_key` is the answer the output commits to, extracted without the gold (`lmlab.zoo.answers.answer_key`: the
+suite's own extraction, normalised): two rows with the same key gave the same answer, so votes and agreement compare
+keys, not raw text (raw texts of the same answer almost never match). None where nothing was extracted, and in rows
+of schema-1 caches (built before the key was stored).
 
 `correct` is 0/1 for exact graders (or a score in [0, 1]); `cost_flops` is the deterministic estimate
 2 x active params x tokens processed (prompt + generated, times samples for self-consistency); `wall_s` is noisy and
@@ -32,7 +37,9 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Schema 1 (no answer_key column) still loads: its rows get answer_key None.
+READABLE_SCHEMAS: tuple[int, ...] = (1, 2)
 
 # The numeric columns `ResponseCache.matrix` can return.
 NUMERIC_COLUMNS: tuple[str, ...] = (
@@ -55,6 +62,7 @@ class ResponseRow:
     correct: float
     cost_flops: float
     answer: str = ""
+    answer_key: str | None = None
     answer_logprob: float = float("nan")
     option_probs: tuple[float, ...] | None = None
     n_prompt_tokens: int = 0
@@ -263,9 +271,10 @@ class ResponseCache:
             rows = [ResponseRow.from_dict(json.loads(line)) for line in lines[1:] if line.strip()]
         except (OSError, EOFError, json.JSONDecodeError, IndexError, TypeError) as e:
             raise ValueError(f"response cache {path} is corrupt or truncated ({type(e).__name__}: {e})") from None
-        if header.get("schema") != SCHEMA_VERSION:
+        if header.get("schema") not in READABLE_SCHEMAS:
             raise ValueError(
-                f"response cache {path} has schema {header.get('schema')!r}, expected {SCHEMA_VERSION}; rebuild it"
+                f"response cache {path} has schema {header.get('schema')!r}, expected one of "
+                f"{', '.join(map(str, READABLE_SCHEMAS))}; rebuild it"
             )
         return cls(
             suite=header["suite"],
@@ -327,6 +336,23 @@ def load_cache(suite: str = "mixed", seed: int = 0, *, path: str | Path | None =
     )
 
 
+def load_caches(suite: str = "mixed", seeds: Sequence[int] = (0, 1, 2)) -> list[ResponseCache]:
+    """One cache per cache seed (`load_cache` each): a cache seed draws other queries, shots and samples, so the
+    seeds are the independent replicates a method's CI can resample (never splits of one cache).
+
+    Raises a one-line error for an empty or repeated seed list, or a seed whose cache is missing.
+    """
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("seeds is empty; expected at least one cache seed, e.g. [0, 1, 2]")
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
+            raise ValueError(f"cache seeds must be ints >= 0, got {s!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"cache seeds must be distinct, got {seeds}")
+    return [load_cache(suite, int(s)) for s in seeds]
+
+
 def synthetic_cache(
     n_variants: int = 6, n_queries: int = 120, *, n_tasks: int = 3, seed: int = 0, suite: str = "synthetic"
 ) -> ResponseCache:
@@ -338,6 +364,7 @@ def synthetic_cache(
             f"synthetic_cache needs >= 1 variant, query and task, got {n_variants}, {n_queries}, {n_tasks}"
         )
     rng = np.random.default_rng(seed)
+    key_rng = np.random.default_rng([seed, 1])  # its own stream: the planted skills and costs stay as they were
     skill = rng.beta(2.0, 2.0, size=(n_variants, n_tasks))  # [V, T]
     order = np.argsort(skill.mean(axis=1))  # cost rises with mean skill
     cost = np.empty(n_variants)
@@ -350,6 +377,9 @@ def synthetic_cache(
             p = float(skill[v, t])
             c = float(rng.random() < p)
             z = np.log(p / (1 - p)) + rng.normal(0.0, 1.0)
+            # the right answer has one key per query; a wrong one is one of 3 plausible wrong answers, so votes tie
+            # and split as real ones do
+            key = f"q{q}-right" if c else f"q{q}-wrong{int(key_rng.integers(3))}"
             rows.append(
                 ResponseRow(
                     variant=f"v{v}",
@@ -358,6 +388,8 @@ def synthetic_cache(
                     correct=c,
                     cost_flops=float(cost[v] * (1.0 + 0.1 * rng.random())),
                     answer_logprob=float(-np.log1p(np.exp(-z))),
+                    answer=key,
+                    answer_key=key,
                     n_prompt_tokens=20,
                     n_gen_tokens=4,
                 )

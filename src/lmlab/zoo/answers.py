@@ -26,8 +26,11 @@ def answer_key(q: Query, text: str) -> str | None:
     if q.suite == "strings":
         from lmlab.data.strings import extract_answer
 
-        a = extract_answer(q.example.meta["task"], text)
-        return None if a is None else a.casefold()
+        task = q.example.meta["task"]
+        a = extract_answer(task, text)
+        if a is None:
+            return None
+        return a if task == "uppercase" else a.casefold()  # uppercase is graded case-sensitively: case is the answer
     if q.suite == "permutations":
         from lmlab.data.permutations import parse_answer
 

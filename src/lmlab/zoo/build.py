@@ -61,7 +61,7 @@ def _valid_part(path: Path, suite: str, seed: int, qids: list[str]) -> ResponseC
 def build_cache(
     suite: str = "mixed",
     seed: int = 0,
-    n: int = 120,
+    n: int = 480,
     *,
     variants: Sequence[str | VariantSpec] | str | None = None,
     out: str | Path | None = None,
@@ -76,7 +76,7 @@ def build_cache(
     Args:
         suite (`str`, defaults to ``"mixed"``): a zoo suite (`ZOO_SUITES`).
         seed (`int`): the data seed (queries, shots, samples, calibration and LoRA order).
-        n (`int`, defaults to 120): queries, split evenly over the suite's tasks.
+        n (`int`, defaults to 480): queries, split evenly over the suite's tasks (60 per task of `mixed`).
         variants: ids of `VARIANTS`, `VariantSpec`s, a comma-separated string, or None (the default zoo).
         out (`str`, *optional*): folder of the cache (default `lmlab.data.respcache.user_dir`).
         resume (`bool`, defaults to `True`): reuse part files of earlier (possibly killed) builds whose suite, seed and

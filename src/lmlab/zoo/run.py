@@ -26,7 +26,7 @@ from typing import Any
 from lmlab import data as lmdata
 from lmlab.data import Example, seeded_rng
 from lmlab.data.respcache import ResponseRow, flop_cost
-from lmlab.data.respsuite import MC_OPTIONS, MIXED_TASKS, Query, TaskDef
+from lmlab.data.respsuite import MC_OPTIONS, MIXED_TASKS, ZOO_SUITES, Query, TaskDef
 from lmlab.zoo.answers import POT_INSTRUCTION, _format_value, answer_key, extract_expression, safe_eval
 from lmlab.zoo.variants import VariantSpec
 
@@ -205,6 +205,7 @@ def _rows(
                 task=q.task,
                 tags=q.tags,
                 answer=o.text,
+                answer_key=answer_key(q, o.text),
                 correct=q.grade(o.text),
                 answer_logprob=float(sum(o.token_logprobs)) if o.token_logprobs else float("nan"),
                 option_probs=(probs or {}).get(q.id),
@@ -237,7 +238,7 @@ def _greedy_rows(
 
 
 def _fewshot_prompts(tok: Any, queries: list[Query], shots: int, seed: int, *, base: bool) -> list[str]:
-    defs = {d.name: d for d in MIXED_TASKS}
+    defs = {d.name: d for suite in ZOO_SUITES.values() for d in suite}  # every suite's tasks, not only mixed's
     pools = {t: _shot_pool(defs[t], seed) for t in {q.task for q in queries}}
     prompts = []
     for q in queries:
@@ -279,6 +280,7 @@ def _run_sc(spec: VariantSpec, model: Any, tok: Any, queries: list[Query], opts:
                 task=q.task,
                 tags=q.tags,
                 answer=rep.text,
+                answer_key=answer_key(q, rep.text),
                 correct=q.grade(rep.text),
                 answer_logprob=float(sum(rep.token_logprobs)) if rep.token_logprobs else float("nan"),
                 n_prompt_tokens=len(rep.prompt_ids),
@@ -302,10 +304,10 @@ def _run_pot(spec: VariantSpec, model: Any, tok: Any, queries: list[Query], opts
     for q, o, w in zip(queries, outs, walls):
         expr = extract_expression(o.text)
         if expr is None:
-            answer, correct = f"[no program] {o.text}", 0.0
+            answer, key, correct = f"[no program] {o.text}", None, 0.0
         else:
             value = _format_value(safe_eval(expr))
-            answer, correct = f"{expr} = {value}", q.grade(value)
+            answer, key, correct = f"{expr} = {value}", answer_key(q, value), q.grade(value)
         rows.append(
             ResponseRow(
                 variant=spec.id,
@@ -313,6 +315,7 @@ def _run_pot(spec: VariantSpec, model: Any, tok: Any, queries: list[Query], opts
                 task=q.task,
                 tags=q.tags,
                 answer=answer,
+                answer_key=key,
                 correct=correct,
                 answer_logprob=float(sum(o.token_logprobs)) if o.token_logprobs else float("nan"),
                 n_prompt_tokens=len(o.prompt_ids),
