@@ -1,10 +1,10 @@
-"""Cascade routing on the committed "mixed" response cache (real zoo variants; no model is loaded, but the cache
-is built from real models, hence slow): the trimmed quick preset's claim directions.
+"""Cascade routing on the committed "mixed" response caches (real zoo variants, cache seeds 0, 1, 2; no model is
+loaded, but the caches are built from real models, hence slow): the trimmed quick preset's claim directions.
 
-Asserted: cascade routing's AUC is not below routing's nor the optimal cascade's by more than one AUC point (the
-paper: above both), and in the simulation sweep its gain over the best baseline is larger at low than at high noise
-(the paper's "estimator quality drives the gains"). The linear interpolation of single models is only reported: on
-this zoo (4 splits of the quick preset) cascade routing's AUC fell below it (20.8 vs 22.3).
+Asserted, with no tolerance (the paper's direction, not "at most one point below"): cascade routing's AUC (mean over
+the cache seeds) is above routing's and the optimal cascade's, and neither check comes out "not_supported"; in the
+simulation sweep its gain over the best baseline is larger at low than at high noise (the paper's "estimator quality
+drives the gains"). The linear interpolation of single models is only reported.
 """
 
 from __future__ import annotations
@@ -15,23 +15,28 @@ from lmlab.runner import run_method
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
+CACHE_SEEDS = (0, 1, 2)
+
 
 @pytest.fixture(scope="module")
-def mixed_cache():
+def mixed_caches():
     from lmlab.data.respcache import load_cache
 
     try:
-        return load_cache("mixed", seed=0)
+        return [load_cache("mixed", seed=s) for s in CACHE_SEEDS]
     except FileNotFoundError as e:
         pytest.skip(str(e))
 
 
-def test_cascade_routing_beats_routing_and_cascading_on_the_zoo(mixed_cache):
+def test_cascade_routing_beats_routing_and_cascading_on_the_zoo(mixed_caches):
     result = run_method("cascade_routing", preset="quick", write=False, show_progress=False, raise_errors=True,
-                        splits=4, noise_levels=[[0.6, 0.3], [2.4, 1.2]])  # fmt: skip
+                        cache_seeds=list(CACHE_SEEDS), noise_levels=[[0.6, 0.3], [2.4, 1.2]])  # fmt: skip
     m = {(r.system, r.metric): r.value for r in result.metrics}
     cr = m[("cascade_routing", "auc")]
-    assert cr >= m[("router", "auc")] - 1.0
-    assert cr >= m[("optimal_cascade", "auc")] - 1.0
+    assert cr > m[("router", "auc")]
+    assert cr > m[("optimal_cascade", "auc")]
+    gated = {(c.method, c.baseline): c for c in result.claims if c.gate}
+    assert gated[("cascade_routing", "router")].status != "not_supported"
+    assert gated[("cascade_routing", "optimal_cascade")].status != "not_supported"
     assert m[("sim_low", "gain_over_best_baseline")] > m[("sim_high", "gain_over_best_baseline")]
     assert result.flags["lambda0_picks_best_quality_set"] is True

@@ -248,3 +248,145 @@ def test_unknown_logprobs_do_not_drop_queries():
     ]  # fmt: skip
     pool = pool_from_cache(ResponseCache.from_records(rows))
     assert pool.y.shape == (6, 2) and np.isnan(pool.logp[:, 1]).all() and (pool.logp[:, 0] == -1.0).all()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# issue 35: answer keys, option-probability features, CIs by the independent unit (query within cache seed)
+
+
+def _keyed_cache(rows):
+    """A cache whose rows carry `answer_key` (the field of the rebuilt caches; the subclass also runs on a
+    respcache without it, so the test shows what the old cascade code did with keys)."""
+    from dataclasses import dataclass
+
+    from lmlab.data.respcache import ResponseCache, ResponseRow
+
+    @dataclass(frozen=True)
+    class KeyedRow(ResponseRow):
+        answer_key: str | None = None
+
+    return ResponseCache(suite="keyed", seed=0, rows=[KeyedRow(**r) for r in rows])
+
+
+def test_agreement_compares_answer_keys_not_raw_text():
+    from lmlab.methods.selection.cascade_routing.estimators import LogisticEstimator
+
+    texts = (("The answer is 42.", "42"), ("It is Paris, France", "Paris"), ("7", "seven"))
+    rows = []
+    for i in range(6):
+        a_text, b_text = texts[i % 3]
+        key = ["42", "paris", "7"][i % 3] if i < 4 else None  # the last two: no key (an old cache), the text decides
+        rows += [
+            dict(variant="a", query_id=f"q{i}", task="t", correct=1.0, cost_flops=1.0, answer=a_text, answer_key=key),
+            dict(variant="b", query_id=f"q{i}", task="t", correct=1.0, cost_flops=2.0, answer=b_text, answer_key=key),
+        ]  # fmt: skip
+    pool = pool_from_cache(_keyed_cache(rows))
+    # same key = same answer, though no raw text pair is equal; without a key the normalised text is compared
+    assert [p[0] == p[1] for p in pool.answers] == [True, True, True, True, False, False]
+    x = LogisticEstimator()._features(pool, 0, (0, 1), np.zeros(2), np.ones(2))
+    assert x[:, -1].tolist() == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]  # the agreement feature of model 0 with model 1
+
+
+def test_entropy_and_js_divergence_match_the_official_definitions():
+    from lmlab.methods.selection.cascade_routing.estimators import entropy_bits, js_divergence
+
+    assert entropy_bits(np.full(4, 0.25)) == pytest.approx(2.0)
+    assert entropy_bits(np.array([1.0, 0.0])) == pytest.approx(0.0)
+    assert js_divergence(np.array([1.0, 0.0]), np.array([0.0, 1.0])) == pytest.approx(1.0)  # disjoint: 1 bit
+    assert js_divergence(np.array([0.3, 0.7]), np.array([0.3, 0.7])) == pytest.approx(0.0)
+
+
+def test_option_probabilities_inform_the_posthoc_estimate():
+    """On a multiple-choice task where the log-prob says nothing, a model's confidence (top option probability) says
+    whether it is right: the post-hoc estimate must use it (the official certainty features)."""
+    from lmlab.data.respcache import ResponseCache
+    from lmlab.methods.selection.cascade_routing.estimators import LogisticEstimator
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(160):
+        top = rng.uniform(0.3, 0.95)
+        probs = [top, *((1 - top) * rng.dirichlet(np.ones(3)))]
+        right = float(top > 0.6)  # confident = right
+        rows += [
+            {"variant": "a", "query_id": f"q{i}", "task": "mc", "correct": right, "cost_flops": 1.0,
+             "answer_logprob": -1.0, "option_probs": probs},
+            {"variant": "b", "query_id": f"q{i}", "task": "mc", "correct": 1.0 - right, "cost_flops": 2.0,
+             "answer_logprob": -1.0},  # no option probabilities: its own features are 0
+        ]  # fmt: skip
+    pool = pool_from_cache(ResponseCache.from_records(rows))
+    fit, test = pool.subset(range(80)), pool.subset(range(80, 160))
+    states = [(), (0,), (1,), (0, 1)]
+    (est,) = LogisticEstimator().fit_predict(fit, [test], states)
+    q_run = est.q_hat[(0,)][:, 0]  # model a's estimate after running it
+    right, wrong = q_run[test.y[:, 0] == 1], q_run[test.y[:, 0] == 0]
+    assert np.mean(right[:, None] > wrong[None]) > 0.9  # AUROC: it tells right from wrong
+    assert pool.options.shape == (160, 2, 4) and np.isnan(pool.options[:, 1]).all()
+    assert np.ptp(est.q_hat[()][:, 0]) < 1e-9  # ex-ante: one task, one estimate
+    (flat,) = LogisticEstimator(option_features=False).fit_predict(fit, [test], states)
+    assert np.ptp(flat.q_hat[(0,)][:, 0]) < 1e-6  # the ablation: nothing post-hoc to go on
+
+
+def test_query_bootstrap_is_stratified_by_cache_seed():
+    from lmlab.methods.selection.cascade_routing.metric import query_bootstrap_weights
+
+    w = query_bootstrap_weights([5, 9, 3], 50, seed=0)
+    assert len(w) == 50 and all([len(x) for x in r] == [5, 9, 3] for r in w)
+    assert all([x.sum() for x in r] == [5, 9, 3] for r in w)  # each seed keeps its own number of queries
+    assert len({tuple(r[1]) for r in w}) > 1
+
+
+def test_split_outcomes_reweighted_by_ones_give_the_plain_auc():
+    from lmlab.methods.selection.cascade_routing.metric import SplitOutcomes
+
+    rng = np.random.default_rng(0)
+    cost, qual = rng.random((4, 10)), (rng.random((4, 10)) < 0.5).astype(float)
+    sc, sq = np.tile([0.1, 0.5, 1.0], (10, 1)), (rng.random((10, 3)) < [0.2, 0.4, 0.7]).astype(float)
+    out = SplitOutcomes({"s": cost}, {"s": qual}, sc, sq)
+    lo, hi, floor = 0.1, 1.0, float(sq.mean(axis=0).min())
+    assert out.aucs()["s"] == pytest.approx(100 * area_under_curve(cost.mean(1), qual.mean(1), lo, hi, floor))
+    w = np.zeros(10)
+    w[0], w[3] = 2.0, 1.0  # the resample (query 0, query 0, query 3)
+    sub = SplitOutcomes({"s": cost[:, [0, 0, 3]]}, {"s": qual[:, [0, 0, 3]]}, sc[[0, 0, 3]], sq[[0, 0, 3]])
+    assert out.aucs(w)["s"] == pytest.approx(sub.aucs()["s"])  # weights = resampled queries
+
+
+def _claim_inputs(per_seed_a, per_seed_b, spread=0.5, n_boot=400):
+    rng = np.random.default_rng(0)
+    a, b = np.array(per_seed_a, float), np.array(per_seed_b, float)
+    point = {"auc/cascade_routing": a, "auc/router": b}
+    boot = [{"auc/cascade_routing": a + rng.normal(0, spread, a.size), "auc/router": b} for _ in range(n_boot)]
+    return point, boot
+
+
+def test_a_gated_check_needs_the_sign_on_every_cache_seed():
+    from lmlab.methods.selection.cascade_routing.experiment import stratified_claim
+    from lmlab.results import Claim
+
+    claim = Claim("auc", "cascade_routing", "router", ">")
+    point, boot = _claim_inputs([24.0, 24.0, 19.5], [20.0, 20.0, 20.0])  # pooled +2.5, CI above 0, one seed below
+    res = stratified_claim(claim, point, boot, n_units=720)
+    assert res.ci[0] > 0 and res.status == "inconclusive" and "2 of 3 seeds" in res.reason
+    point, boot = _claim_inputs([24.0, 24.0, 20.5], [20.0, 20.0, 20.0])
+    res = stratified_claim(claim, point, boot, n_units=720)
+    assert res.status == "supported" and res.null_status != "supported" and res.n == 720
+    point, boot = _claim_inputs([18.0, 19.0, 18.5], [20.0, 20.0, 20.0])
+    assert stratified_claim(claim, point, boot, n_units=720).status == "not_supported"
+
+
+def test_claims_count_test_queries_of_independent_cache_seeds_not_splits():
+    """The old run bootstrapped over overlapping splits of one cache (n = splits). Now the unit is the test query,
+    resampled within its cache seed: more splits of the same queries add no units."""
+    from lmlab.runner import run_method
+
+    kw = dict(cache="synthetic", synthetic_queries=24, synthetic_variants=3, max_depth=2, search_evals=0,
+              budgets_per_interval=2, n_samples=16, noise_levels=[[0.6, 0.3], [2.4, 1.2]], bootstrap=100)  # fmt: skip
+    one = run_method("cascade_routing", write=False, show_progress=False, raise_errors=True, threads=1,
+                     cache_seeds=[0, 1], splits=1, **kw)  # fmt: skip
+    many = run_method("cascade_routing", write=False, show_progress=False, raise_errors=True, threads=1,
+                      cache_seeds=[0], splits=3, **kw)  # fmt: skip
+    assert {c.n for c in one.claims} == {24}  # 12 test queries x 2 cache seeds
+    assert len({c.n for c in many.claims}) == 1 and many.claims[0].n <= 24  # 3 overlapping splits: <= 24 queries
+    assert all("stratified by 2 cache seeds" in c.reason for c in one.claims)
+    assert {m.n for m in one.metrics if m.metric == "auc"} == {24}
+    assert set(one.flags["power"]) == {c.method + " > " + c.baseline + f" ({c.metric})" for c in one.claims if c.gate}

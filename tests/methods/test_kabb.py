@@ -181,3 +181,99 @@ def test_knowledge_tags_beat_context_free_thompson_sampling_on_task_experts():
         acc_k.append(run_stream(kabb, *args).team.mean())
         acc_t.append(run_stream(ts, *args).team.mean())
     assert np.mean(acc_k) > np.mean(acc_t) + 0.1
+
+
+# --- issue 35: answer-key votes, an aggregated all-experts reference, the (cache seed, query block) CI unit ---------
+
+
+def _keyed_cache():
+    """Two queries x three experts; expert texts differ in wording but share the extracted answer key."""
+    from lmlab.data.respcache import ResponseCache, ResponseRow
+
+    def row(v, q, correct, text, key):
+        cost = 1e9 * (1 + "abc".index(v))
+        return ResponseRow(variant=v, query_id=q, task="arith1", correct=correct, cost_flops=cost, answer=text,
+                           answer_key=key, n_prompt_tokens=20)  # fmt: skip
+
+    rows = [
+        row("a", "q0", 1.0, "The answer is 42.", "42"),
+        row("b", "q0", 1.0, "42", "42"),
+        row("c", "q0", 0.0, "Forty-one, I think: 41", "41"),
+        row("a", "q1", 0.0, "7 apples", None),  # no key extracted: the raw text is the key
+        row("b", "q1", 0.0, "7 apples", None),
+        row("c", "q1", 1.0, "8", "8"),
+    ]
+    return ResponseCache(suite="mixed", seed=0, rows=rows)
+
+
+class _Ctx:
+    def __init__(self):
+        self.models, self.notes = {}, []
+
+    def note(self, text):
+        self.notes.append(text)
+
+
+def test_vote_keys_come_from_the_extracted_answer_key(monkeypatch):
+    import lmlab.data.respcache as respcache
+    from lmlab.methods.selection.kabb.experiment import load_table
+
+    cache = _keyed_cache()
+    monkeypatch.setattr(respcache, "load_cache", lambda *a, **k: cache)
+    tab = load_table(KABBConfig(variants=["a", "b", "c"], top_k=1), _Ctx())
+    codes = tab["codes"]  # [Q, V] in the cache's variant / query order
+    assert tab["vids"] == ["a", "b", "c"] and tab["qids"] == ["q0", "q1"]
+    assert codes[0, 0] == codes[0, 1] != codes[0, 2]  # "The answer is 42." and "42" are one answer
+    assert codes[1, 0] == codes[1, 1] != codes[1, 2]  # no key: identical raw texts still agree
+    # the vote of the three experts now follows the two agreeing answers
+    assert weighted_vote(codes[0], tab["correct"][0], np.array([0.3, 0.3, 0.5])) == 1.0
+
+
+def test_all_experts_is_an_aggregate_weighted_by_learned_posteriors_not_one_model():
+    from lmlab.methods.selection.kabb.method import AllExperts
+
+    # expert 0 is always right; experts 1-3 are always wrong with answers of their own, 2 and 3 agreeing on half
+    # the queries. The old reference broke ties to the last / costliest expert, i.e. it was expert 3 alone.
+    nq, v = 40, 4
+    corr = np.zeros((nq, v))
+    corr[:, 0] = 1.0
+    codes = np.tile(np.arange(v), (nq, 1))
+    codes[::2, 3] = 2  # a wrong answer shared by two weak experts
+    rounds = np.random.default_rng(0).integers(0, nq, size=300)
+    args = (rounds, corr, codes, np.ones((nq, v)), [Domain("t")], np.zeros(nq, int), np.ones(nq))
+    team = run_stream(AllExperts(v), *args).team
+    assert team[50:].mean() > 0.95  # the posterior-mean weights learn that expert 0 outweighs two wrong ones
+    assert team.mean() > corr[rounds][:, 1:].mean(axis=0).max() + 0.5  # far above any single weak expert
+
+
+def test_query_blocks_are_disjoint_task_stratified_and_cover_the_cache():
+    from lmlab.methods.selection.kabb.experiment import query_blocks
+
+    task = np.repeat(np.arange(8), 60)  # 480 queries, 60 per task (the issue-35 cache)
+    blocks = query_blocks(task, 4, seed=3)
+    allq = np.concatenate(blocks)
+    assert len(allq) == len(task) and len(np.unique(allq)) == len(task)  # disjoint, nothing dropped
+    for b in blocks:
+        assert np.bincount(task[b], minlength=8).tolist() == [15] * 8  # stratified by task
+    assert [x.tolist() for x in query_blocks(task, 4, seed=3)] == [x.tolist() for x in blocks]
+    assert [x.tolist() for x in query_blocks(task, 4, seed=4)] != [x.tolist() for x in blocks]
+
+
+def test_cache_seed_and_block_config_errors():
+    with pytest.raises(ValueError, match="cache_seeds must be"):
+        KABBConfig(cache_seeds=[0, 0])
+    with pytest.raises(ValueError, match="cache_seeds must be"):
+        KABBConfig(cache_seeds=[])
+    with pytest.raises(ValueError, match="blocks must be"):
+        KABBConfig(blocks=0)
+
+
+def test_smoke_run_clusters_by_cache_seed_and_query_block():
+    from lmlab.runner import run_method
+
+    res = run_method("kabb", preset="smoke", write=False, show_progress=False, raise_errors=True)
+    row = res.metric("kabb", "accuracy")
+    assert row.n == 2 * 2  # smoke: 2 cache seeds x 2 blocks are the independent units (not the 4 bandit runs)
+    gated = [c for c in res.claims if c.gate]
+    assert gated and all(c.n == 4 and c.n_values == 8 for c in gated)
+    assert set(res.flags["per_cache_seed_accuracy_effect"]) == {"s0", "s1"}

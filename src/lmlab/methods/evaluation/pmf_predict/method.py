@@ -24,12 +24,15 @@ Scores are normalised per column with the train mean and std (`column_normalise`
 fewer than 5 observed values use the global statistics) before fitting and mapped back on prediction. The predictive
 interval of a cell adds the likelihood noise: sd_pred² = sd(U·Vᵀ)² + 1/α (normalised scale).
 
-Baselines (`method/baseline_pmf.py`): global mean, mean-of-means (average of the row, column and global means) and
-plain matrix factorisation by alternating least squares (a point estimate: no uncertainty).
+Baselines (`method/baseline_pmf.py`): global mean, mean-of-means (average of the row, column and global means), both
+on the column-normalised train matrix and mapped back as `run_pmf.py` does, and plain matrix factorisation by
+alternating least squares (a point estimate: no uncertainty). Uncertainty heuristic: `binomial_sd`, the sampling sd
+sqrt(p̂(1 − p̂)/items) of a cell of `items` 0/1 results at the predicted mean p̂.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,8 +93,8 @@ def column_normalise(train: np.ndarray, min_obs: int = MIN_COLUMN_OBS) -> tuple[
     count = obs.sum(axis=0)
     g_mu = float(np.nanmean(train))
     g_sd = float(np.nanstd(train)) or 1.0
-    with np.errstate(invalid="ignore"), np.testing.suppress_warnings() as sup:
-        sup.filter(RuntimeWarning)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: their mean / std are NaN, handled below
         mu = np.nanmean(train, axis=0)
         sd = np.nanstd(train, axis=0)
     bad = (count < min_obs) | ~np.isfinite(mu) | ~(sd > 1e-12)
@@ -246,24 +249,54 @@ def gibbs_pmf(z: np.ndarray, *, rank: int, alpha: float, n_burn: int, n_draws: i
 
 
 # ----------------------------------------------------------------------------------------------------------- baselines
-def global_mean_predict(train: np.ndarray) -> np.ndarray:
-    """Every cell = the mean of the train cells (`GlobalMeanBaseline`)."""
+def _on_scale(train: np.ndarray, normalise: bool, fill: Any) -> np.ndarray:
+    """`fill(X)` on the column-normalised train cells mapped back (``normalise``), or on the raw cells."""
     train = _check_matrix(train, "train")
-    return np.full(train.shape, float(np.nanmean(train)))
+    if not normalise:
+        return fill(train)
+    z, mu, sd = column_normalise(train)
+    return fill(z) * sd + mu  # (M, N)
 
 
-def mean_of_means_predict(train: np.ndarray) -> np.ndarray:
+def global_mean_predict(train: np.ndarray, *, normalise: bool = True) -> np.ndarray:
+    """Every cell = the mean of the train cells (`GlobalMeanBaseline`).
+
+    ``normalise=True`` (as `run_pmf.py`, which passes the column-normalised train matrix to every baseline and
+    de-normalises in `recomm_eval`): the mean of Z = (R - mu) / sigma mapped back, i.e. about the train column mean
+    of every column with >= 5 observations. ``normalise=False``: one raw mean for every cell."""
+
+    def fill(x: np.ndarray) -> np.ndarray:
+        return np.full(x.shape, float(np.nanmean(x)))
+
+    return _on_scale(train, normalise, fill)
+
+
+def mean_of_means_predict(train: np.ndarray, *, normalise: bool = True) -> np.ndarray:
     """Cell (m, n) = mean of (global mean, row mean, column mean), dropping a mean with no observation
-    (`MeanOfMeansBaseline`)."""
-    train = _check_matrix(train, "train")
-    obs = np.isfinite(train)
-    g = float(np.nanmean(train))
-    zero = np.where(obs, train, 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rmean = zero.sum(1) / obs.sum(1)
-        cmean = zero.sum(0) / obs.sum(0)
-    stack = np.stack(np.broadcast_arrays(np.full(train.shape, g), rmean[:, None], cmean[None, :]))  # (3, M, N)
-    return np.nanmean(np.where(np.isfinite(stack), stack, np.nan), axis=0)
+    (`MeanOfMeansBaseline`), on the column-normalised scale and mapped back (``normalise=True``, as `run_pmf.py`:
+    mu_n + sigma_n · mean(ḡ_Z, r̄_Z,m, c̄_Z,n)) or on the raw scores (``normalise=False``)."""
+
+    def fill(x: np.ndarray) -> np.ndarray:
+        obs = np.isfinite(x)
+        g = float(np.nanmean(x))
+        zero = np.where(obs, x, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rmean = zero.sum(1) / obs.sum(1)
+            cmean = zero.sum(0) / obs.sum(0)
+        stack = np.stack(np.broadcast_arrays(np.full(x.shape, g), rmean[:, None], cmean[None, :]))  # (3, M, N)
+        return np.nanmean(np.where(np.isfinite(stack), stack, np.nan), axis=0)
+
+    return _on_scale(train, normalise, fill)
+
+
+def binomial_sd(mean: np.ndarray, items: int) -> np.ndarray:
+    """The sampling sd of a cell that averages `items` 0/1 results: sqrt(p̂(1 − p̂) / items), p̂ = `mean` clipped
+    to [0, 1] [M, N]. An uncertainty heuristic from a point prediction alone (no posterior): the review's baseline
+    for PMF's posterior std."""
+    if int(items) < 1:
+        raise ValueError(f"items must be >= 1, got {items!r}")
+    p = np.clip(np.asarray(mean, dtype=np.float64), 0.0, 1.0)
+    return np.sqrt(p * (1.0 - p) / int(items))
 
 
 def als_mf_predict(train: np.ndarray, rank: int, reg: float, *, n_iters: int = 50, seed: int = 0) -> np.ndarray:
@@ -303,6 +336,58 @@ def coverage(lo: np.ndarray, hi: np.ndarray, truth: np.ndarray) -> float:
     return float(np.mean((truth[m] >= lo[m]) & (truth[m] <= hi[m])))
 
 
+REVEAL_STRATEGIES = ("uncertainty", "random", "oracle", "heuristic")
+
+
+def reveal_path(
+    full: np.ndarray,
+    train: np.ndarray,
+    test: np.ndarray,
+    *,
+    strategy: str,
+    rounds: int,
+    step: int,
+    fit: Any,
+    seed: int = 0,
+    heuristic: Any = None,
+) -> list[np.ndarray]:
+    """The predicted matrix after each round of revealing `step` test cells, revealed cells set to their true value
+    (known, error 0, as `active_eval.py`), refitting each round: ``[pred_0, ..., pred_rounds]``, each [M, N].
+
+    `strategy`: ``uncertainty`` (highest posterior std first, the paper's `ActiveSelector`), ``random``, ``oracle``
+    (largest true error, `WorstSelector`) or ``heuristic`` (highest ``heuristic(pred, train)`` [M, N], e.g. the
+    `binomial_sd` of the predicted mean: an uncertainty without a posterior). `fit(train) -> PMFPrediction`.
+    """
+    if strategy not in REVEAL_STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(REVEAL_STRATEGIES)}, got {strategy!r}")
+    if strategy == "heuristic" and not callable(heuristic):
+        raise ValueError(f"the heuristic strategy needs heuristic=f(pred, train) -> [M, N] scores, got {heuristic!r}")
+    rng = np.random.default_rng(seed)
+    train = train.copy()
+    hidden = np.isfinite(test)
+    out = []
+    for t in range(rounds + 1):
+        pred = fit(train)
+        out.append(np.where(np.isfinite(train) & hidden, full, pred.mean))
+        if t == rounds:
+            break
+        cand = np.argwhere(hidden & ~np.isfinite(train))
+        k = min(step, len(cand))
+        if strategy == "random":
+            pick = rng.choice(len(cand), size=k, replace=False)
+        else:
+            if strategy == "uncertainty":
+                score = pred.std  # (M, N)
+            elif strategy == "oracle":
+                score = np.abs(pred.mean - full)
+            else:
+                score = np.asarray(heuristic(pred, train))
+            pick = np.argsort(-score[cand[:, 0], cand[:, 1]], kind="stable")[:k]
+        for i, j in cand[pick]:
+            train[i, j] = full[i, j]
+    return out
+
+
 def active_reveal(
     full: np.ndarray,
     train: np.ndarray,
@@ -313,35 +398,27 @@ def active_reveal(
     step: int,
     fit: Any,
     seed: int = 0,
+    heuristic: Any = None,
 ) -> list[float]:
-    """RMSE on the original test cells after each round of revealing `step` test cells (revealed cells count as
-    known, error 0, as `active_eval.py`), refitting each round; ``[rmse_0, ..., rmse_rounds]``.
+    """RMSE on the original test cells after each round of `reveal_path`: ``[rmse_0, ..., rmse_rounds]``."""
+    path = reveal_path(full, train, test, strategy=strategy, rounds=rounds, step=step, fit=fit, seed=seed,
+                       heuristic=heuristic)  # fmt: skip
+    return [rmse(p, test) for p in path]
 
-    `strategy`: ``uncertainty`` (highest posterior std first), ``random``, or ``oracle`` (largest true error).
-    `fit(train) -> PMFPrediction`.
-    """
-    if strategy not in ("uncertainty", "random", "oracle"):
-        raise ValueError(f"strategy must be uncertainty, random or oracle, got {strategy!r}")
-    rng = np.random.default_rng(seed)
-    train = train.copy()
-    hidden = np.isfinite(test)
-    out = []
-    for t in range(rounds + 1):
-        pred = fit(train)
-        mean = np.where(np.isfinite(train) & hidden, full, pred.mean)
-        out.append(rmse(mean, test))
-        if t == rounds:
-            break
-        cand = np.argwhere(hidden & ~np.isfinite(train))
-        k = min(step, len(cand))
-        if strategy == "uncertainty":
-            pick = np.argsort(-pred.std[cand[:, 0], cand[:, 1]], kind="stable")[:k]
-        elif strategy == "oracle":
-            pick = np.argsort(-np.abs(pred.mean - full)[cand[:, 0], cand[:, 1]], kind="stable")[:k]
-        else:
-            pick = rng.choice(len(cand), size=k, replace=False)
-        for i, j in cand[pick]:
-            train[i, j] = full[i, j]
+
+def group_mse(pred: np.ndarray, truth: np.ndarray, groups: Any) -> dict[Any, float]:
+    """Mean squared error over the finite cells of `truth` in the columns of each group: ``{group: mse}`` in order
+    of first appearance; a group with no finite truth cell is left out. `groups`: one label per column [N]."""
+    groups = list(groups)
+    if len(groups) != truth.shape[1]:
+        raise ValueError(f"groups must label each of the {truth.shape[1]} columns, got {len(groups)} labels")
+    out: dict[Any, float] = {}
+    labels = np.asarray(groups, dtype=object)
+    for g in dict.fromkeys(groups):
+        cols = labels == g
+        m = np.isfinite(truth[:, cols])
+        if m.any():
+            out[g] = float(np.mean((pred[:, cols][m] - truth[:, cols][m]) ** 2))
     return out
 
 

@@ -25,7 +25,8 @@ SPEC = register_method(
                 "cache": "synthetic",
                 "synthetic_queries": 48,
                 "synthetic_variants": 4,
-                "splits": 2,
+                "splits": 1,
+                "bootstrap": 200,
                 "max_depth": 2,
                 "search_evals": 0,
                 "budgets_per_interval": 2,
@@ -33,7 +34,7 @@ SPEC = register_method(
                 "noise_levels": [[0.6, 0.3], [2.4, 1.2]],
             },
             "quick": {
-                "splits": 5,
+                "bootstrap": 300,
                 "search_evals": 0,
                 "budgets_per_interval": 3,
             },

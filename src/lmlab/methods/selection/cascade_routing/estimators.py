@@ -1,8 +1,10 @@
 """Quality estimators: the ex-ante and post-hoc estimates q̂_S and their covariance Σ_S at every run set S.
 
 Official ``classification.py`` / ``quality_computer.py``: one logistic regression per (model, run-subset) on ex-ante
-features (task one-hot: a per-task accuracy) plus post-hoc features of the run models (answer log-prob, answer
-agreement); Σ_S is the covariance over training queries of (q̂_S - q̂_all models run) (``fit_covariances``).
+features (task one-hot: a per-task accuracy) plus post-hoc features of the run models (answer log-prob, agreement of
+the graded answer keys, and on multiple-choice queries the official ``certainty_features`` / ``agreement_features``:
+top option probability, entropy, Jensen-Shannon divergence); Σ_S is the covariance over training queries of
+(q̂_S - q̂_all models run) (``fit_covariances``).
 `ground_truth_noise_estimates` is the RouterBench simulation: the true 0/1 quality plus N(0, σ_before²) (not run) or
 N(0, σ_after²) (run) noise, recalibrated by a linear regression per model. `PoolData` / `pool_from_cache` give the
 cost-sorted [queries, models] view of a response cache the estimators and strategies read.
@@ -28,12 +30,38 @@ def _norm_answer(a: str) -> str:
     return " ".join(str(a).strip().lower().split())
 
 
+def answer_of(row) -> str:
+    """The answer two rows are compared by: the cache's graded `answer_key` (the zoo's extracted number / word: same
+    key = same answer), else, for caches built before it existed (answer_key None or absent), the normalised text."""
+    key = getattr(row, "answer_key", None)
+    return str(key) if key is not None else _norm_answer(row.answer)
+
+
+def entropy_bits(p: np.ndarray) -> np.ndarray:
+    """Entropy in bits of distributions along the last axis (official ``entropy``: -Σ p log2 max(p, 1e-16))."""
+    return -np.sum(p * np.log2(np.maximum(p, 1e-16)), axis=-1)
+
+
+def js_divergence(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Jensen-Shannon divergence in bits along the last axis (official ``js_divergence``): (KL(p||m) + KL(q||m))/2,
+    m = (p + q)/2."""
+    m = (p + q) / 2
+
+    def kl(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.sum(a * np.log2(np.maximum(a, 1e-16) / np.maximum(b, 1e-16)), axis=-1)
+
+    return (kl(p, m) + kl(q, m)) / 2
+
+
 @dataclass
 class PoolData:
     """The [queries, models] view a strategy needs (models cost-sorted, cheapest first).
 
     Attributes: ``y`` true quality [Q, V] in [0, 1]; ``cost`` true cost [Q, V]; ``logp`` answer log-prob [Q, V]
-    (NaN where unknown); ``task`` task index per query [Q]; ``answers`` normalised answer text [Q][V] ("" unknown).
+    (NaN where unknown); ``task`` task index per query [Q]; ``answers`` the compared answer [Q][V] (`answer_of`: the
+    graded answer key, else the normalised text; "" unknown); ``options`` the option probabilities of
+    multiple-choice rows [Q, V, K] (normalised to sum 1; NaN where the row has none, K = the most options of any
+    row, 0 when no row has any).
     """
 
     models: list[str]
@@ -44,11 +72,17 @@ class PoolData:
     task: np.ndarray
     task_names: list[str]
     answers: list[list[str]]
+    options: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.options is None:
+            self.options = np.full((len(self.queries), len(self.models), 0), np.nan)
 
     def subset(self, idx: Sequence[int]) -> PoolData:
         idx = list(idx)
         return PoolData(self.models, [self.queries[i] for i in idx], self.y[idx], self.cost[idx], self.logp[idx],
-                        self.task[idx], self.task_names, [self.answers[i] for i in idx])  # fmt: skip
+                        self.task[idx], self.task_names, [self.answers[i] for i in idx],
+                        self.options[idx])  # fmt: skip
 
 
 def pool_from_cache(cache, variants: Sequence[str] | None = None) -> PoolData:
@@ -67,9 +101,20 @@ def pool_from_cache(cache, variants: Sequence[str] | None = None) -> PoolData:
     tasks = cache.tasks()
     names = sorted({tasks[q] for q in qids})
     tix = np.array([names.index(tasks[q]) for q in qids])
-    ans = {(r.variant, r.query_id): _norm_answer(r.answer) for r in cache.rows}
-    answers = [[ans.get((v, q), "") for v in vids] for q in qids]
-    return PoolData(vids, qids, y, cost, logp, tix, names, answers)
+    by_key = {(r.variant, r.query_id): r for r in cache.rows}
+    answers = [[answer_of(by_key[(v, q)]) if (v, q) in by_key else "" for v in vids] for q in qids]
+    # option probabilities (the MC tasks): [Q, V, K], NaN-padded where a row has none or fewer options
+    k = max((len(r.option_probs) for r in cache.rows if r.option_probs), default=0)
+    options = np.full((len(qids), len(vids), k), np.nan)
+    for qi, q in enumerate(qids):
+        for vi, v in enumerate(vids):
+            r = by_key.get((v, q))
+            if r is not None and r.option_probs:
+                p = np.clip(np.asarray(r.option_probs, float), 0.0, None)
+                if p.sum() > 0:
+                    options[qi, vi, :] = 0.0
+                    options[qi, vi, : len(p)] = p / p.sum()
+    return PoolData(vids, qids, y, cost, logp, tix, names, answers, options)
 
 
 def logistic_fit(x: np.ndarray, y: np.ndarray, c: float = 1.0, n_iter: int = 50) -> np.ndarray:
@@ -107,12 +152,18 @@ class LogisticEstimator:
     """Ex-ante + post-hoc quality estimates (official ``ClassificationQualityComputer``, features adapted).
 
     Features of model m in run set S: the task one-hot (ex-ante); for every run model j in S its standardised
-    answer log-prob (post-hoc); for m in S with others run, the share of them giving m's answer (agreement).
+    answer log-prob (post-hoc); for m in S with others run, the share of them giving m's graded answer key
+    (agreement). With `option_features`, on queries where the cache has option probabilities (the MC task), for m in
+    S: its top option probability and entropy (official ``certainty_features``, ``n_highest_include=1``,
+    ``add_entropy``) and, with others run, the mean Jensen-Shannon divergence to their option distributions
+    (official ``add_js_divergence``, averaged over the other run models instead of one feature per pair); 0 where
+    the rows have none (a constant within a task, which the task one-hot absorbs).
     One logistic regression per (m, S); Σ_S = cov over the fit queries of (q̂_S - q̂_all).
     """
 
     c: float = 1.0
     posthoc: bool = True
+    option_features: bool = True
 
     def _features(self, pool: PoolData, m: int, s: tuple[int, ...], mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
         nq = len(pool.queries)
@@ -128,7 +179,28 @@ class LogisticEstimator:
                     if a:
                         agree[qi] = np.mean([pool.answers[qi][j] == a for j in s if j != m])
                 cols.append(agree[:, None])
+            if self.option_features and m in s and pool.options.shape[2] > 0:
+                cols.append(self._option_features(pool, m, s))
         return np.concatenate(cols, axis=1)
+
+    @staticmethod
+    def _option_features(pool: PoolData, m: int, s: tuple[int, ...]) -> np.ndarray:
+        """[Q, 2] (top option probability, entropy) of model m, plus a mean-JS column [Q, 1] when others are run;
+        0 where the option probabilities are unknown."""
+        p = pool.options[:, m]  # [Q, K]
+        has = ~np.isnan(p).any(axis=1)
+        pm = np.where(has[:, None], p, 0.0)
+        out = [np.where(has, pm.max(axis=1), 0.0), np.where(has, entropy_bits(pm), 0.0)]
+        others = [j for j in s if j != m]
+        if others:
+            js_sum, n_pair = np.zeros(len(p)), np.zeros(len(p))
+            for j in others:
+                pj = pool.options[:, j]
+                both = has & ~np.isnan(pj).any(axis=1)
+                js_sum += np.where(both, js_divergence(pm, np.where(both[:, None], pj, 0.0)), 0.0)
+                n_pair += both
+            out.append(np.where(n_pair > 0, js_sum / np.maximum(n_pair, 1), 0.0))
+        return np.stack(out, axis=1)
 
     def fit_predict(
         self, fit: PoolData, pools: Sequence[PoolData], states: Sequence[tuple[int, ...]]
@@ -193,7 +265,10 @@ def ground_truth_noise_estimates(
 __all__ = [
     "LogisticEstimator",
     "PoolData",
+    "answer_of",
+    "entropy_bits",
     "ground_truth_noise_estimates",
+    "js_divergence",
     "logistic_fit",
     "pool_from_cache",
 ]

@@ -2,12 +2,16 @@
 cheapest and the most expensive single model, divided by that cost range, flat past the last point, x100.
 
 `budget_sweep` places the budgets on the intervals between the costs of the single models on the Pareto hull
-(``baselines.pareto_hull``). numpy only.
+(``baselines.pareto_hull``). `SplitOutcomes` keeps one split's per-query test results so that the AUCs can be
+recomputed with the test queries reweighted (the query bootstrap of the claims); `query_bootstrap_weights` draws
+those weights, stratified by cache seed. numpy only.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -75,7 +79,61 @@ def budget_sweep(
     return np.concatenate([np.linspace(hc[i], hc[i + 1], per_interval) for i in range(len(hc) - 1)])
 
 
+@dataclass
+class SplitOutcomes:
+    """One split's test results per query, per system and budget of the sweep (the λs tuned and fixed).
+
+    ``cost[name]`` / ``quality[name]``: [n_budgets, n_test] true cost and quality of each test query under system
+    `name` at each budget; ``single_cost`` / ``single_quality``: [n_test, V] of the single models (the AUC's cost
+    range, its floor and the linear baseline). A curve point is the (weighted) mean over test queries.
+    """
+
+    cost: dict[str, np.ndarray]
+    quality: dict[str, np.ndarray]
+    single_cost: np.ndarray
+    single_quality: np.ndarray
+
+    def aucs(self, weights: np.ndarray | None = None) -> dict[str, float]:
+        """AUC x100 of every system and of ``linear`` (the hull of single models), the test queries weighted by
+        `weights` [n_test] (bootstrap counts; None: each query once, the point estimate)."""
+        n = self.single_cost.shape[0]
+        w = np.ones(n) if weights is None else np.asarray(weights, float)
+        if w.shape != (n,) or (w < 0).any() or w.sum() <= 0:
+            raise ValueError(f"weights must be {n} non-negative numbers with a positive sum")
+        w = w / w.sum()
+        sc, sq = w @ self.single_cost, w @ self.single_quality
+        lo, hi, floor = float(sc.min()), float(sc.max()), float(sq.min())
+        out = {name: 100 * area_under_curve(self.cost[name] @ w, self.quality[name] @ w, lo, hi, floor)
+               for name in self.cost}  # fmt: skip
+        hc, hq = pareto_hull(sc, sq)
+        out["linear"] = 100 * area_under_curve(hc, hq, lo, hi, floor)
+        return out
+
+
+def query_bootstrap_weights(sizes: Sequence[int], n_resamples: int, seed: int = 0) -> list[list[np.ndarray]]:
+    """Stratified query bootstrap: per resample, per stratum (a cache seed) of `sizes[s]` queries, the count of each
+    query in a resample of `sizes[s]` draws with replacement (multinomial); ``out[b][s]`` has shape [sizes[s]]."""
+    if n_resamples < 1 or any(n < 1 for n in sizes):
+        raise ValueError(f"need n_resamples >= 1 and strata of >= 1 query, got {n_resamples}, {list(sizes)}")
+    rng = np.random.default_rng(seed)
+    return [[rng.multinomial(n, np.full(n, 1.0 / n)).astype(float) for n in sizes] for _ in range(n_resamples)]
+
+
+def n_for_power(se: float, n_has: int, effect: float, *, confidence: float = 0.95, power: float = 0.8) -> int:
+    """Units a check needs to find `effect` with probability `power`, given the standard error `se` of its effect at
+    `n_has` units (SE ∝ 1/√n): ``ceil(n_has (z_{(1+confidence)/2} + z_power)² se² / effect²)``."""
+    from scipy.stats import norm
+
+    if not effect or se < 0 or n_has < 1:
+        raise ValueError(f"need a non-zero effect, se >= 0 and n_has >= 1; got {effect}, {se}, {n_has}")
+    z = float(norm.ppf(0.5 + confidence / 2.0) + norm.ppf(power))
+    return max(1, math.ceil(n_has * (z * se / effect) ** 2))
+
+
 __all__ = [
+    "SplitOutcomes",
     "area_under_curve",
     "budget_sweep",
+    "n_for_power",
+    "query_bootstrap_weights",
 ]

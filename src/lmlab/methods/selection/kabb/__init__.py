@@ -15,7 +15,8 @@ SPEC = register_method(
         claim=(
             "Knowledge-aware Thompson sampling (knowledge distance, dual adaptation, decay) picks expert teams with "
             "higher cold-start accuracy and lower cumulative regret than vanilla Thompson sampling on a stream whose "
-            "task mix drifts, near all-experts accuracy at top_k / #experts of the calls."
+            "task mix drifts, near the accuracy of all experts aggregated by the same posterior-weighted vote at "
+            "top_k / #experts of the calls."
         ),
         baselines=("thompson", "ucb1", "eps_greedy", "random", "all_experts", "best_fixed"),
         default_model="smollm2-135m",
@@ -23,14 +24,16 @@ SPEC = register_method(
         presets={
             "smoke": {
                 "cache": "synthetic",
+                "cache_seeds": [0, 1],
+                "blocks": 2,
                 "synthetic_queries": 60,
                 "synthetic_variants": 5,
                 "rounds": 200,
-                "seeds": 3,
+                "seeds": 2,
                 "cold_rounds": 50,
                 "window": 50,
             },
-            "quick": {"rounds": 500, "seeds": 5, "cold_rounds": 100, "window": 100},
+            "quick": {"rounds": 500, "seeds": 2, "cold_rounds": 100, "window": 100},
         },
         requires=("scipy",),
         tags=("selection", "bandit", "multi-agent", "response-cache"),

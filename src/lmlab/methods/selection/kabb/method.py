@@ -14,8 +14,10 @@ seconds, non-deterministic offline). "Dual adaptation": the Beta update plus the
 
 Baselines behind the same ``select`` / ``update`` / ``step`` interface: Beta-Bernoulli Thompson sampling (no
 distance, no decay), UCB1 (top-k of mean + sqrt(2 ln t / n)), random-k, and all experts; the best fixed k-subset in
-hindsight is the regret reference. The team answer is a vote of the chosen experts weighted by their posterior means
-(ties: the highest θ), a documented stand-in for the paper's aggregator LLM.
+hindsight is the regret reference. The aggregator (the paper's is an LLM fusing the proposals) is a vote over the
+chosen experts' extracted answers (`answer_key`: same key = same answer) weighted by their posterior means
+α_e/(α_e + β_e) (ties: the highest θ); `AllExperts` votes every expert with the same weights, so the MoA reference
+is an aggregate, not one model.
 
 Pure numpy: rewards come from a table of per-query expert correctness (the response cache).
 """
@@ -259,23 +261,20 @@ class RandomK(Bandit):
         return chosen, np.linspace(1.0, 0.999, self.k)  # ties: the first drawn
 
 
-class AllExperts(Bandit):
-    """Every expert (the MoA reference, maximal cost): plain majority, ties to the answer of the expert ranked
-    first by `tie_rank` (e.g. the most expensive expert; default: the last expert)."""
+class AllExperts(KABB):
+    """Every expert, aggregated (the MoA reference, maximal cost): a vote of all experts' answers weighted by each
+    expert's posterior mean α_e/(α_e + β_e), the same aggregator and weights as KABB's team. Every expert answers
+    every query, so every posterior is updated every round (and decays by `gamma`, as KABB's); ties of the vote go
+    to the highest posterior mean (first round: a seeded random order). No distance: nothing is selected."""
 
     name = "all_experts"
 
-    def __init__(self, n_experts: int, seed: int = 0, tie_rank: Sequence[float] | None = None) -> None:
-        super().__init__(n_experts, n_experts, seed)
-        rank = np.arange(self.n, dtype=float) if tie_rank is None else np.asarray(tie_rank, dtype=float)
-        if rank.shape != (self.n,):
-            raise ValueError(f"tie_rank needs one value per expert ({self.n}), got shape {rank.shape}")
-        # weights 1 + eps * rank: a majority always wins, a tie goes to the highest-ranked expert's answer
-        order = np.argsort(np.argsort(rank))
-        self._weights = 1.0 + 1e-6 * order
+    def __init__(self, n_experts: int, gamma: float = 1.0, seed: int = 0) -> None:
+        super().__init__([Expert(str(i)) for i in range(n_experts)], n_experts, gamma, use_distance=False, seed=seed)
+        self._tie = 1e-9 * self.rng.random(n_experts)  # [V] fixed tie-break of equal posterior means
 
     def select(self, domain: Domain | None = None, difficulty: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-        return np.arange(self.n), self._weights
+        return np.arange(self.n), self.alpha / (self.alpha + self.beta) + self._tie
 
 
 def weighted_vote(codes: np.ndarray, correct: np.ndarray, weights: np.ndarray) -> float:
