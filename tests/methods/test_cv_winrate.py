@@ -11,6 +11,7 @@ from lmlab.data.respcache import ResponseCache
 from lmlab.methods.evaluation.cv_winrate import method as M
 from lmlab.methods.evaluation.cv_winrate.config import CVWinrateConfig
 from lmlab.methods.evaluation.cv_winrate.experiment import _claims, pair_tables, simulated_sweep
+from lmlab.results import Claim
 
 
 def _population(n_pairs: int = 400, seed: int = 0, bias: float = 0.15) -> tuple[np.ndarray, np.ndarray]:
@@ -179,6 +180,9 @@ def test_sweep_unit_is_the_simulated_population_and_the_sweep_gates_the_verdict(
     assert ("sim_r50_saving", "cv", "rho2_minus_tol") in gated
     # the zoo's judge (ρ² ≈ 0.03) cannot show a saving: its MSE check is reported, not gated
     assert not any(c.gate for c in claims if c.metric == "mse_n50" and c.baseline == "human_only")
+    # every gated check is on the sweep (independent populations); the zoo's unit, the cache seed, is too few to gate
+    assert all(c.metric.startswith("sim_") for c in claims if c.gate)
+    assert ("sim_r30_abs_bias", "cv", "synthetic_only") in gated
 
 
 def test_smoke_run_records_one_sweep_value_per_population():
@@ -189,6 +193,56 @@ def test_smoke_run_records_one_sweep_value_per_population():
     assert row.n == 6  # sim_seeds of the smoke preset
     assert any(c.gate and c.metric == "sim_r10_saving" for c in res.claims)
     assert np.isfinite(res.metric("cv_unclipped", "mse_n10").value)
+
+
+def _fake_mixed_caches(calls: list):
+    """`load_caches` stand-in: one planted synthetic cache per cache seed (the real mixed-s1/-s2 are not built yet)."""
+    from lmlab.data.respcache import synthetic_cache
+
+    def load(suite="mixed", seeds=(0, 1, 2)):
+        calls.append((suite, list(seeds)))
+        return [synthetic_cache(5, 80, n_tasks=4, seed=int(s), suite=suite) for s in seeds]
+
+    return load
+
+
+def test_zoo_rows_resample_cache_seeds_not_pairs(monkeypatch):
+    """The old run read one cache and bootstrapped over its pairs (n = pairs, though they share queries and
+    variants). Now each zoo value is one (cache seed, pair) and the cache seed is the cluster: n counts seeds."""
+    from lmlab.data import respcache
+    from lmlab.runner import run_method
+
+    calls: list = []
+    monkeypatch.setattr(respcache, "load_caches", _fake_mixed_caches(calls))
+    res = run_method("cv_winrate", preset="smoke", write=False, show_progress=False, raise_errors=True, threads=1,
+                     cache="mixed", cache_seeds=[0, 1], n_labels=[10, 20], claim_n=20, repeats=100, sim_seeds=3,
+                     sim_items=100, sim_rho2=[0.3])  # fmt: skip
+    assert calls == [("mixed", [0, 1])]
+    pairs = res.tables["per_cache_seed"]
+    assert [r["cache_seed"] for r in pairs] == [0, 1] and all(r["pairs"] == 10 for r in pairs)  # 5 variants
+    zoo = [m for m in res.metrics if not m.metric.startswith("sim_") and m.ci_low is not None]
+    assert zoo and {m.n for m in zoo} == {2}  # two cache seeds, not 20 pairs
+    zoo_claims = [c for c in res.claims if not c.metric.startswith("sim_")]
+    assert {c.n for c in zoo_claims} == {2} and {c.n_values for c in zoo_claims} == {20}
+    assert not any(c.gate for c in zoo_claims)
+    per_pair = res.tables["per_pair"]
+    assert {r["cache_seed"] for r in per_pair} == {0, 1}
+    theta = {s: [r["theta"] for r in per_pair if r["cache_seed"] == s and r["n"] == 20] for s in (0, 1)}
+    assert theta[0] != theta[1]  # two independent caches, not one matrix twice
+    signs = res.tables["zoo_checks_per_cache_seed"]
+    assert signs and all(r["seeds"] == 2 and {"effect_s0", "effect_s1"} <= set(r) for r in signs)
+    assert res.flags["cache_seeds"] == [0, 1]
+
+
+def test_per_seed_effects_count_the_seeds_with_the_claimed_sign():
+    from lmlab.methods.evaluation.cv_winrate.experiment import per_seed_effects
+
+    vals = {("cv", "m"): [1.0, 1.0, 3.0, 3.0, 0.0, 2.0], ("base", "m"): [2.0, 2.0, 2.0, 2.0, 2.0, 2.0]}
+    ids = ["s0", "s0", "s1", "s1", "s2", "s2"]
+    clusters = {k: ids for k in vals}
+    (row,) = per_seed_effects([Claim("m", "cv", "base", "<")], vals, clusters)
+    assert (row["effect_s0"], row["effect_s1"], row["effect_s2"]) == (-1.0, 1.0, -1.0)
+    assert row["seeds_with_sign"] == 2 and row["seeds"] == 3
 
 
 def test_simulated_human_ties_and_probabilities():
@@ -234,6 +288,10 @@ def test_pair_tables_fills_missing_logprobs_with_the_variant_mean():
         (lambda: CVWinrateConfig(tau=-1.0), "tau must be in"),
         (lambda: CVWinrateConfig(alpha_clip=[2.0, 0.0]), "alpha_clip"),
         (lambda: CVWinrateConfig(sim_rho2=[0.3, 1.2]), "sim_rho2"),
+        (lambda: CVWinrateConfig(cache_seeds=[]), "cache_seeds"),
+        (lambda: CVWinrateConfig(cache_seeds=[0, 0]), "cache_seeds"),
+        (lambda: CVWinrateConfig(cache_seeds=[0, -1]), "cache_seeds"),
+        (lambda: CVWinrateConfig(cache_seeds=0), "cache_seeds"),
         (lambda: M.fit_alpha([1, 0], [0.2, 0.4], clip=(1.0, 1.0)), "alpha_clip"),
         (lambda: M.control_variates_estimate([2.0, 0.0], [0.5, 0.4], [0.5, 0.4]), "lie in"),
         (lambda: M.calibrate_judge_noise([0.1, 0.2], [1, 0], [0.0, 0.0], 1.5), "target_rho2"),
