@@ -45,7 +45,8 @@ SPEC = register_method(
                 "claim_lrs": 1,
             },
         },
-        budget_s={"smoke": 20.0, "quick": 60.0, "default": 300.0},
+        # default: the 10-minute class (3 seeds x the lr grid x 3 inits; config.py's budget note)
+        budget_s={"smoke": 20.0, "quick": 60.0, "default": 600.0},
         requires=("peft",),
         tags=("adaptation", "lora", "initialization"),
         bibtex=(
