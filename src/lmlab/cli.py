@@ -352,6 +352,9 @@ def cmd_data(args: argparse.Namespace) -> int:
         print(_table(rows, ["suite", "metric", "source", "description"]))
         return EXIT_OK
     kwargs = dict(_parse_kv(kv) for kv in args.kw)
+    for key in ("n", "seed", "split"):
+        if key in kwargs:  # else load() got it twice: a TypeError
+            raise UsageError(f"--kw {key}={kwargs[key]!r}: set {key} with --{key}, not --kw")
     for flag, value in (("--n", args.n), ("--seed", args.seed)):
         if value < (1 if flag == "--n" else 0):
             raise UsageError(f"{flag} must be >= {1 if flag == '--n' else 0}, got {value}")
@@ -656,6 +659,12 @@ def cmd_cache(args: argparse.Namespace) -> int:
     if args.cache_command == "build":
         if args.n < 1:
             raise UsageError(f"--n must be >= 1, got {args.n}")
+        if not 0 <= args.seed < 2**32:  # numpy's seed range; a negative seed was taken and built a -1 cache
+            raise UsageError(f"--seed must be in [0, 2**32), got {args.seed}")
+        if args.out is not None:  # refused now, not as a NotADirectoryError once the build starts
+            from lmlab.results import check_output_root
+
+            check_output_root(args.out)
         from lmlab.runner import quiet_transformers
 
         with quiet_transformers():
@@ -684,8 +693,9 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
             ("concurrency", c) for c in args.concurrency)):  # fmt: skip
         if value < 1:
             raise UsageError(f"--{name} must be >= 1, got {value}")
-    if args.max_seconds <= 0:
-        raise UsageError(f"--max-seconds must be > 0, got {args.max_seconds}")
+    if not 0 < args.max_seconds < float("inf"):  # also NaN, which `<= 0` let through
+        raise UsageError(f"--max-seconds must be a finite number > 0, got {args.max_seconds}")
+    _check_bench_model_and_threads(args)
     if args.out is None:
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in Path(args.model).name or args.model)
         args.out = str(Path("runs") / "bench" / f"{time.strftime('%Y%m%d-%H%M%S')}_serve_{safe}")
@@ -711,10 +721,26 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     return EXIT_OK if not report["problems"] else EXIT_ERROR
 
 
+def _check_bench_model_and_threads(args: argparse.Namespace, *, model_needed: bool = True) -> None:
+    """--threads and --model of a bench, checked before it starts (a bad one failed inside it, not naming the flag).
+
+    `model_needed` False (the suite, whose core rows need no model): a known alias whose package is missing passes,
+    and its model rows skip as before; an unknown model is still refused.
+    """
+    from lmlab.core.inference.models import canonical_alias, resolve_model
+
+    threads = getattr(args, "threads", None)
+    if threads is not None and not 1 <= threads <= 4096:
+        raise UsageError(f"--threads must be in [1, 4096], got {threads}")
+    if model_needed or canonical_alias(args.model) is None:
+        resolve_model(args.model)  # an unknown model: the one-line ModelNotFoundError naming it, exit 2
+
+
 def cmd_bench_suite(args: argparse.Namespace) -> int:
     from lmlab.bench_suite import format_report, run_suite
     from lmlab.runner import quiet_transformers
 
+    _check_bench_model_and_threads(args, model_needed=False)
     with quiet_transformers():
         report = run_suite(args.only, rounds=args.rounds, out=args.out, model=args.model,
                            log=lambda m: print(m, file=sys.stderr))  # fmt: skip
@@ -748,6 +774,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     unknown = [c for c in args.candidates or () if c not in ALL_CANDIDATES]
     if unknown:
         raise UsageError(f"--candidates: unknown {', '.join(unknown)}; expected some of {', '.join(ALL_CANDIDATES)}")
+    _check_bench_model_and_threads(args)
     if args.out is None:
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in Path(args.model).name or args.model)
         args.out = str(Path("runs") / "bench" / f"{time.strftime('%Y%m%d-%H%M%S')}_decode_{safe}")

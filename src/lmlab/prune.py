@@ -19,7 +19,9 @@ Every argument is checked before the model is loaded: a bad value exits with one
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import shutil
 import uuid
@@ -66,6 +68,19 @@ def check_args(args: argparse.Namespace) -> tuple[int, int] | None:
                          f"{nm[1]} fixes it at N/M: use wanda, sparsegpt, magnitude or maiht")  # fmt: skip
     if args.beta is not None and args.method != "atp":
         raise ValueError(f"--beta {args.beta} is ATP's common difference: it needs --method atp")
+    if args.beta is not None and not math.isfinite(args.beta):  # abs(nan) > bound is False: NaN rates
+        raise ValueError(f"--beta {args.beta}: expected a finite common difference")
+    if not (math.isfinite(args.owl_m) and args.owl_m > 0):
+        raise ValueError(f"--owl-m {args.owl_m}: expected a finite outlier threshold > 0 (OWL's default 5)")
+    if not (math.isfinite(args.owl_lambda) and args.owl_lambda >= 0):
+        raise ValueError(f"--owl-lambda {args.owl_lambda}: expected a finite deviation >= 0 (OWL's default 0.08)")
+    if args.method == "owl" and args.sparsity + args.owl_lambda >= 1.0:  # OWL's blocks span sparsity +- lambda
+        raise ValueError(f"--owl-lambda {args.owl_lambda}: with --sparsity {args.sparsity} a block would be pruned "
+                         f"to {args.sparsity + args.owl_lambda:g}; expected sparsity + lambda < 1")  # fmt: skip
+    if args.threads is not None and not 1 <= args.threads <= 4096:  # 0 was taken as 'no setting'
+        raise ValueError(f"--threads {args.threads}: expected an integer in [1, 4096]")
+    if not 0 <= args.seed < 2**32:
+        raise ValueError(f"--seed {args.seed}: expected an integer in [0, 2**32)")
     if args.n_calib < 1 or args.seqlen < 2:
         raise ValueError(f"--n-calib {args.n_calib} / --seqlen {args.seqlen}: expected >= 1 windows of >= 2 tokens")
     out = Path(args.out)
@@ -199,13 +214,23 @@ def prune(args: argparse.Namespace, nm: tuple[int, int] | None) -> dict[str, Any
     result = {**report.to_dict(), "settings": info, "measured": model_sparsity(model)}
     result["method"] = args.method
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    # the parents this prune creates go again if the write fails: a failed prune leaves no folder at all
+    created = [p for p in reversed(out.absolute().parents) if not p.exists()]
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         save_pruned(model, tok, tmp, info=info)
         (tmp / "sparsity_report.json").write_text(json.dumps(result, indent=2, default=str))
         (tmp / "sparsity_report.md").write_text(report_markdown(result))
         os.replace(tmp, out)
+    except OSError as e:  # a full disk, a read-only folder: one line naming --out (exit 1), nothing left behind
+        from lmlab.results import write_error
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        for parent in reversed(created):
+            with contextlib.suppress(OSError):
+                parent.rmdir()  # only if still empty
+        raise write_error(out, e) from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -45,9 +45,16 @@ REPORT_EVERY_S = 20.0  # the combined reports are rewritten after a cell at most
 def _check_grid_args(
     seeds: Sequence[int] | None, models: Sequence[str] | None, executor: str, jobs: int, overrides: Mapping[str, Any]
 ) -> None:
+    from lmlab.config import BaseConfig, build_config, config_fields
     from lmlab.core.inference.models import resolve_model
     from lmlab.grid import DEFAULT_MODEL
 
+    # the common run overrides (--threads, --limit, --batch-size, --model, ...) are checked once here: refused later,
+    # they would fail every cell after the reproduce folder, its grid and its reports had been written
+    base = {k: v for k, v in overrides.items() if k in config_fields(BaseConfig) and k != "model"}
+    build_config(BaseConfig, base)
+    if overrides.get("model") is not None:
+        resolve_model(overrides["model"])
     if executor not in EXECUTORS:
         raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     if jobs < 1:
