@@ -26,6 +26,9 @@ def test_set_values_are_literals():
     }  # fmt: skip
     assert parse_sets(["x.y=2"]) == {"x": {"y": 2}}
     assert parse_value("'quoted'") == "quoted"
+    # bare lists of words, as the READMEs write them (--set groups=[S3,S5]), are lists, items parsed alike
+    assert parse_value("[plain,parity_cur]") == ["plain", "parity_cur"]
+    assert parse_value("[S3, 0.5, true]") == ["S3", 0.5, True] and parse_value("[]") == []
     with pytest.raises(ValueError, match="key=value"):
         parse_sets(["novalue"])
 

@@ -235,7 +235,8 @@ def _coerce(cls: type, name: str, value: Any, hint: Any) -> Any:
 
 
 def parse_value(text: str) -> Any:
-    """``--set`` values: Python literals (``0.5``, ``[1, 2]``, ``None``, ``True``), YAML-style booleans, else text."""
+    """``--set`` values: Python literals (``0.5``, ``[1, 2]``, ``None``, ``True``), YAML-style booleans, bare lists
+    of words (``[plain, parity_cur]``: each item parsed the same way), else text."""
     lowered = text.strip().lower()
     if lowered in ("true", "false"):
         return lowered == "true"
@@ -244,7 +245,12 @@ def parse_value(text: str) -> Any:
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
-        return text
+        pass
+    stripped = text.strip()
+    if stripped.startswith("[") and stripped.endswith("]"):  # a bare list, YAML-style: [plain, parity_cur]
+        inner = stripped[1:-1].strip()
+        return [parse_value(item.strip()) for item in inner.split(",")] if inner else []
+    return text
 
 
 def parse_sets(pairs: Sequence[str]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ class StateTrackingConfig(BaseConfig):
     ~2000 steps). Measured on 2 quiet cores (one seed, both conditions, 104 s): a plain run stopped learned at 800
     steps in 52 s; the parity curriculum run did not learn in 2000 steps (43 s) and so adds no labelled run. The
     default therefore trains the plain condition only, 12 seeds ~ 12 x 52 s ~ 10.5 min; the parity curriculum stays
-    one flag away (``--set conditions=plain,parity_cur``, ~ 2x the time). S5 (never learned at this scale) is left
+    one flag away (``--set conditions=[plain,parity_cur]``, ~ 2x the time). S5 (never learned at this scale) is left
     out of the default.
 
     Args:
