@@ -59,8 +59,11 @@ def build_pairs(
             continue
         q = by_id[qid]
         rows = [r for r in answers[qid] if r.answer.strip()]
-        good = [r for r in rows if r.correct >= 1.0]
-        bad = [r for r in rows if r.correct <= 0.0]
+        # a pair's sides must grade 1 / 0 as TEXT by the query's grader: a row's `correct` can grade something else
+        # (program of thought grades its computed value, so its "[no program] ... Africa." row is 0 while the text
+        # answers the continent question right)
+        good = [r for r in rows if r.correct >= 1.0 and q.grade(r.answer) >= 1.0]
+        bad = [r for r in rows if r.correct <= 0.0 and q.grade(r.answer) <= 0.0]
         if not good or not bad:
             continue
         rng = seeded_rng("prefs", seed, qid)
