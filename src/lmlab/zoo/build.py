@@ -11,6 +11,11 @@ Concurrent builds of the same (suite, seed) (two ``lmlab cache build`` runs, a g
 process built is reused by the other (which waited), and the merge always sees every finished part, so no process
 overwrites the cache with a merge that lacks the other's variants. Temporary files found under the lock belong to a
 writer that was killed and are removed.
+
+Build time of the committed caches (mixed, 480 queries, the 11-variant default pool, 2 cores, measured 2026-12-07/08):
+seed 1 2378 s and seed 2 2281 s (the sum of the variants' ``build_s``, each cache's header; a nice'd test suite ran
+beside part of both), seed 0 41 min of wall time (contended by tests for its first 25 minutes). smol-sc5 (5 samples)
+takes ~23% of it, gemma-fewshot and smol-fewshot ~11% each.
 """
 
 from __future__ import annotations
