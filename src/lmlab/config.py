@@ -66,6 +66,17 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def check_distinct_seeds(name: str, value: object) -> None:
+    """Raise ``ValueError`` naming `name` unless `value` is a non-empty list (or tuple) of distinct ints >= 0."""
+    if (
+        not isinstance(value, (list, tuple))
+        or not value
+        or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in value)
+        or len(set(value)) != len(value)
+    ):
+        raise ValueError(f"{name} must be a non-empty list of distinct ints >= 0, got {value!r}")
+
+
 def check_range(name: str, value: float, lo: float | None = None, hi: float | None = None, *, open_lo: bool = False):
     """Raise ``ValueError`` naming `name` unless lo <= value <= hi (lo < value with `open_lo`); NaN is refused."""
     if value is None:

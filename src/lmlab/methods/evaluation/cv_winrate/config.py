@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmlab.config import BaseConfig, check_range, param
+from lmlab.config import BaseConfig, check_distinct_seeds, check_range, param
 
 
 @dataclass
@@ -62,11 +62,7 @@ class CVWinrateConfig(BaseConfig):
         super().__post_init__()
         if not self.cache:
             raise ValueError("cache must name a response-cache suite (e.g. 'mixed') or 'synthetic', got ''")
-        seeds = self.cache_seeds
-        if (not isinstance(seeds, (list, tuple)) or not seeds
-                or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in seeds)
-                or len(set(seeds)) != len(seeds)):  # fmt: skip
-            raise ValueError(f"cache_seeds must be a non-empty list of distinct ints >= 0, got {seeds!r}")
+        check_distinct_seeds("cache_seeds", self.cache_seeds)
         check_range("max_pairs", self.max_pairs, 1)
         if not self.n_labels or any(int(n) < 2 for n in self.n_labels):
             raise ValueError(f"n_labels must list human-label counts >= 2, got {self.n_labels!r}")

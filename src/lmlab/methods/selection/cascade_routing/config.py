@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmlab.config import BaseConfig, check_range, param
+from lmlab.config import BaseConfig, check_distinct_seeds, check_range, param
 
 # the spec's cost-sorted pool (selection.md, "Reproduction in lmlab"): heterogeneous, from junk to self-consistency
 DEFAULT_POOL = ("tiny-random", "smol", "smol-fewshot", "gemma-fewshot", "smol-pot", "smol-sc5")
@@ -75,10 +75,7 @@ class CascadeRoutingConfig(BaseConfig):
         check_range("synthetic_variants", self.synthetic_variants, 2, 10)
         if self.variants and len(self.variants) < 2:
             raise ValueError(f"variants must list >= 2 models (or be empty for all), got {self.variants}")
-        if (not isinstance(self.cache_seeds, list | tuple) or not self.cache_seeds
-                or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in self.cache_seeds)
-                or len(set(self.cache_seeds)) != len(self.cache_seeds)):  # fmt: skip
-            raise ValueError(f"cache_seeds must be a non-empty list of distinct ints >= 0, got {self.cache_seeds!r}")
+        check_distinct_seeds("cache_seeds", self.cache_seeds)
         check_range("splits", self.splits, 1)
         check_range("bootstrap", self.bootstrap, 100)
         check_range("test_fraction", self.test_fraction, 0.05, 0.95)

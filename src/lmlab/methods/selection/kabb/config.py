@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmlab.config import BaseConfig, check_range, param
+from lmlab.config import BaseConfig, check_distinct_seeds, check_range, param
 
 # the spec's experts (selection.md, kabb "Reproduction in lmlab"): domain experts, generalists and a junk floor
 DEFAULT_EXPERTS = ("smol-pot", "smol-lora-geo", "gemma-fewshot", "smol-sc5", "smol", "tiny-random")
@@ -64,13 +64,7 @@ class KABBConfig(BaseConfig):
             raise ValueError(f"cache must be a suite name or 'synthetic', got {self.cache!r}")
         check_range("synthetic_queries", self.synthetic_queries, 6)
         check_range("synthetic_variants", self.synthetic_variants, 2, 10)
-        if (
-            not isinstance(self.cache_seeds, (list, tuple))
-            or not self.cache_seeds
-            or any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in self.cache_seeds)
-            or len(set(self.cache_seeds)) != len(self.cache_seeds)
-        ):
-            raise ValueError(f"cache_seeds must be a non-empty list of distinct ints >= 0, got {self.cache_seeds!r}")
+        check_distinct_seeds("cache_seeds", self.cache_seeds)
         check_range("blocks", self.blocks, 1, 50)
         check_range("rounds", self.rounds, 10)
         check_range("seeds", self.seeds, 1)
